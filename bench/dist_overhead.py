@@ -1,0 +1,124 @@
+"""What data parallelism costs on CPU: step time of FSDP2 and DDP on 2 gloo ranks against 1 process.
+
+Every run trains the same Decoder on the same global batch through the real Trainer (``train_step``: forward,
+backward, loss all-reduce, clipping, AdamW), and every process gets the same number of threads. Two ranks then
+have twice the compute of one process: the ideal time ratio is 0.5, and efficiency = t(1) / (2 · t(2)) is the
+share of that ideal left after communication and sharding.
+
+    python bench/dist_overhead.py                 # launches: 1 process, then torchrun with 2 ranks (fsdp, ddp)
+    python bench/dist_overhead.py --threads 2     # threads of every process (2 ranks need 2 × threads cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULT = "RESULT "
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8, help="global batch (samples per step)")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="threads of each process")
+    p.add_argument("--worker", choices=["single", "fsdp", "ddp"], help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One measured run (under torchrun for fsdp/ddp); rank 0 prints a RESULT line."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from longboat.distributed import ParallelConfig, build_mesh, init_runtime, parallelize, shutdown
+    from longboat.models import build_model
+    from longboat.tasks.pretrain import make_lm_loss
+    from longboat.trainer.config import CheckpointConfig, TrainerConfig
+    from longboat.trainer.trainer import DataParallel, Trainer
+
+    class RandomTokens(Dataset):
+        def __len__(self):
+            return (args.warmup + args.steps) * args.batch
+
+        def __getitem__(self, i):
+            x = torch.randint(0, args.vocab, (args.seq + 1,), generator=torch.Generator().manual_seed(i))
+            return {"tokens": x[:-1], "labels": x[1:]}
+
+    runtime = init_runtime("gloo", "cpu")
+    ranks = runtime.world_size
+    cfg = ParallelConfig(data_parallel="ddp" if args.worker == "ddp" else "fsdp")
+    mesh = build_mesh(cfg, "cpu") if runtime.distributed else None
+    torch.manual_seed(0)
+    model = build_model("decoder", dict(
+        vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=4, n_kv_heads=2,
+        ffn_dim=int(args.d_model * 8 / 3) // 16 * 16, max_seq_len=args.seq, tie_embeddings=False,
+    ))
+    model = parallelize(model, mesh, cfg, device=runtime.device)
+    dp = DataParallel(mesh.dp_rank, mesh.dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
+    threads = args.threads
+    train_cfg = TrainerConfig(
+        steps=args.warmup + args.steps, micro_batch_size=args.batch // ranks, num_workers=0, tensorboard=False,
+        threads=threads, log_every=10**6,
+    )
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(train_cfg, CheckpointConfig(export=False), run_dir, model, make_lm_loss(False),
+                          RandomTokens(), dp=dp, device=runtime.device)
+        torch.set_num_threads(threads)
+        times = []
+        for i in range(args.warmup + args.steps):
+            start = time.perf_counter()
+            trainer.train_step()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+    if runtime.rank == 0:
+        print(RESULT + json.dumps({"mode": args.worker, "ranks": ranks, "threads": threads,
+                                   "step_s": statistics.median(times)}), flush=True)
+    shutdown(runtime)
+
+
+def launch(args: argparse.Namespace, mode: str) -> dict:
+    script = [str(Path(__file__).resolve()), *sys.argv[1:], "--worker", mode]
+    if mode == "single":
+        cmd = [sys.executable, *script]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(args)
+        return
+    tokens = args.batch * args.seq
+    print(f"Decoder d_model {args.d_model} × {args.layers} layers, vocab {args.vocab}; global batch {args.batch} × "
+          f"{args.seq} tokens; median of {args.steps} steps after {args.warmup} warmup")
+    base = None
+    for mode in ("single", "fsdp", "ddp"):
+        r = launch(args, mode)
+        base = base or r["step_s"]
+        print(f"{mode:6s} {r['ranks']} rank(s) × {r['threads']} thread(s): {r['step_s'] * 1e3:8.1f} ms/step  "
+              f"{tokens / r['step_s']:8.0f} tokens/s  time ratio {r['step_s'] / base:.2f}  "
+              f"efficiency {base / (r['ranks'] * r['step_s']):.2f}")
+
+
+if __name__ == "__main__":
+    main()

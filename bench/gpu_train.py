@@ -1,0 +1,107 @@
+"""Training throughput and MFU of a ~1B Llama on GPUs: FSDP2 (bf16 params, fp32 reduce), per-block
+torch.compile and selective activation checkpointing, on synthetic tokens.
+
+    torchrun --nproc_per_node=1 bench/gpu_train.py                   # llama3.2-1b, seq 4096, one H200
+    torchrun --nproc_per_node=8 bench/gpu_train.py --batch 2         # per-rank micro-batch; FSDP over 8 GPUs
+    torchrun --nproc_per_node=1 bench/gpu_train.py --tiny            # CPU dry run of the same code path
+
+A step is forward + next-token loss + backward + gradient clipping + AdamW, as the Trainer does it. Runs on
+torch >= 2.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from longboat.distributed import ParallelConfig, build_mesh, init_runtime, parallelize, shutdown
+from longboat.models import get_model
+from longboat.models.llm import DecoderConfig, load_preset
+from longboat.trainer.mfu import peak_flops
+from longboat.trainer.optim import OptimizerConfig, build_optimizer
+
+TINY = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="llama3.2-1b")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=2, help="micro-batch per rank")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5, help="steps not timed (compilation happens here)")
+    p.add_argument("--ac", choices=["none", "full", "selective"], default="selective")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="a tiny model on CPU with gloo: checks the script, not speed")
+    args = p.parse_args()
+    if args.tiny:
+        args.seq, args.batch, args.steps, args.warmup = 64, 2, 3, 1
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = ParallelConfig(
+        param_dtype="bf16", reduce_dtype="fp32", activation_checkpointing=args.ac, compile=not args.no_compile,
+        meta_init=True, backend="gloo" if args.tiny else "auto",
+    )
+    runtime = init_runtime(cfg.backend, "cpu" if args.tiny else "auto")
+    if not runtime.distributed:
+        raise SystemExit("start this script with torchrun, e.g. torchrun --nproc_per_node=1 bench/gpu_train.py")
+    if runtime.device.type != "cuda" and not args.tiny:
+        raise SystemExit("no CUDA device: run with --tiny for a CPU dry run")
+    mesh = build_mesh(cfg, runtime.device.type)
+    fields = TINY if args.tiny else load_preset(args.preset)
+    model_cfg = DecoderConfig(**{**fields, "max_seq_len": args.seq})
+    _, model_cls = get_model("decoder")
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = model_cls(model_cfg)
+    model = parallelize(model, mesh, cfg, device=runtime.device)
+    optimizer = build_optimizer(model, OptimizerConfig(implementation="foreach" if args.tiny else "fused"))
+
+    def step() -> float:
+        tokens = torch.randint(0, model_cfg.vocab_size, (args.batch, args.seq + 1), device=runtime.device)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    times = []
+    for i in range(args.warmup + args.steps):
+        if runtime.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = step()
+        if runtime.device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    tokens_per_s = args.batch * args.seq * runtime.world_size / step_s
+    mfu = tokens_per_s * model_cfg.flops_per_token(args.seq) / (peak_flops(runtime.device, torch.bfloat16)
+                                                               * runtime.world_size)
+    if runtime.rank == 0:
+        memory = f" · peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if runtime.device.type == "cuda" else ""
+        name = "tiny" if args.tiny else args.preset
+        print(
+            f"{name} ({model_cfg.num_params() / 1e9:.2f}B) · {runtime.world_size} × {runtime.device.type} · "
+            f"batch {args.batch} × seq {args.seq} per rank · AC {args.ac} · compile {not args.no_compile}\n"
+            f"step {step_s * 1e3:.1f} ms · {tokens_per_s:,.0f} tokens/s · "
+            f"{tokens_per_s / runtime.world_size:,.0f} tokens/s/device · MFU {mfu:.1%} · loss {float(loss):.3f}{memory}",
+            flush=True,
+        )
+    dist.barrier()
+    shutdown(runtime)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Forward+backward throughput of longboat's MoE layer against transformers' Qwen3MoeSparseMoeBlock.
+
+Both run the same config and weights. transformers is timed with its two expert kernels: "eager"
+(the per-expert loop in the modeling file, what a standalone block runs) and "grouped_mm" (what
+from_pretrained selects by default); longboat with its "auto" choice and each path forced.
+Variants are interleaved within every repeat so that load from other processes hits them alike.
+
+    python bench/moe.py                      # d_model 1024, 16 experts, top-2, ffn 512, 4096 tokens
+    python bench/moe.py --tokens 1024 --repeats 3 --dtypes float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import Tensor, nn
+from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from longboat.models.moe import MoE, MoEConfig
+
+HF_EAGER, HF_GROUPED = "transformers (eager)", "transformers (grouped_mm)"
+
+
+def build_variants(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, nn.Module]:
+    """Every variant, all holding the same weights."""
+    torch.manual_seed(0)
+    cfg = MoEConfig(d_model=args.d_model, n_experts=args.experts, top_k=args.top_k, expert_ffn_dim=args.ffn,
+                    norm_topk_prob=True)
+    ours = MoE(cfg)
+    variants: dict[str, nn.Module] = {"longboat (auto)": ours}
+    for impl in ("grouped_mm", "padded"):
+        variants[f"longboat ({impl})"] = MoE(cfg.model_copy(update={"experts_impl": impl}))
+        variants[f"longboat ({impl})"].load_state_dict(ours.state_dict())
+    for impl, name in (("eager", HF_EAGER), ("grouped_mm", HF_GROUPED)):
+        hf_cfg = Qwen3MoeConfig(hidden_size=args.d_model, moe_intermediate_size=args.ffn, num_experts=args.experts,
+                                num_experts_per_tok=args.top_k, norm_topk_prob=True)
+        hf_cfg._experts_implementation = impl
+        hf = Qwen3MoeSparseMoeBlock(hf_cfg)
+        with torch.no_grad():
+            hf.gate.weight.copy_(ours.router.weight)
+            hf.experts.gate_up_proj.copy_(torch.cat([ours.experts.w1, ours.experts.w3], dim=1))
+            hf.experts.down_proj.copy_(ours.experts.w2)
+        variants[name] = hf
+    return {name: module.to(dtype).train() for name, module in variants.items()}
+
+
+def fwd_bwd_seconds(module: nn.Module, x: Tensor, grad: Tensor) -> float:
+    """One forward+backward; longboat's aux dict is dropped (its loss is zero with aux_loss='none')."""
+    module.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    start = time.perf_counter()
+    out = module(x)
+    (out[0] if isinstance(out, tuple) else out).backward(grad)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=1024)
+    parser.add_argument("--experts", type=int, default=16)
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--ffn", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; d_model {args.d_model}, "
+          f"{args.experts} experts, top-{args.top_k}, ffn {args.ffn}, {args.tokens} tokens, forward+backward, "
+          f"median of {args.repeats}")
+
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        variants = build_variants(args, dtype)
+        x = torch.randn(1, args.tokens, args.d_model, dtype=dtype)
+        grad = torch.randn_like(x)
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for rep in range(args.warmup + args.repeats):
+            for name, module in variants.items():
+                elapsed = fwd_bwd_seconds(module, x, grad)
+                if rep >= args.warmup:
+                    times[name].append(elapsed)
+        median = {name: statistics.median(ts) for name, ts in times.items()}
+        print(f"\n{dtype_name:28s} {'tokens/s':>9s} {'median ms':>10s} {'min-max ms':>15s} "
+              f"{'vs hf eager':>12s} {'vs hf grouped':>14s}")
+        for name, ts in times.items():
+            print(f"  {name:26s} {args.tokens / median[name]:9.0f} {median[name] * 1e3:10.1f} "
+                  f"{min(ts) * 1e3:7.0f}-{max(ts) * 1e3:<7.0f} {median[HF_EAGER] / median[name]:11.2f}x "
+                  f"{median[HF_GROUPED] / median[name]:13.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs longboat with its test peers. Idempotent and quick when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+pip install -q --disable-pip-version-check --upgrade pip
+# torch first: a plain requirement would otherwise pull a multi-GB CUDA build.
+pip install -q --disable-pip-version-check torch==2.13.0 -c constraints.txt
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]"

@@ -1,0 +1,73 @@
+"""``longboat data``: ``tokenize`` and ``train-tokenizer`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+from longboat.data.text_sources import TXT_MODES
+from longboat.recipes import data as recipe
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``data`` and its subcommands to the main parser's subparsers."""
+    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer")
+    commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+
+    tok = commands.add_parser(
+        "tokenize",
+        help="tokenize jsonl/parquet/text files into a Megatron .bin/.idx pair",
+        description="Tokenize .jsonl(.gz), .parquet and plain text files into NAME.bin + NAME.idx.",
+    )
+    tok.add_argument("--input", action="append", required=True, metavar="PATH_OR_GLOB",
+                     help="input file or glob (quote it); repeat for more")
+    tok.add_argument("--tokenizer", required=True, metavar="DIR", help="Hugging Face tokenizer directory")
+    tok.add_argument("--output-prefix", required=True, metavar="PREFIX", help="writes PREFIX.bin and PREFIX.idx")
+    _add_text_options(tok)
+    tok.add_argument("--no-eod", action="store_true", help="do not append the eos token to each document")
+    tok.add_argument("--workers", type=int, default=None,
+                     help="worker processes (default: one per CPU core; with 2 cores or fewer, 1 = encode "
+                          "in this process, using the tokenizer's threads)")
+    tok.set_defaults(func=_tokenize)
+
+    train = commands.add_parser(
+        "train-tokenizer",
+        help="train a byte-level BPE tokenizer and save it as a Hugging Face directory",
+    )
+    train.add_argument("--input", action="append", required=True, metavar="PATH_OR_GLOB",
+                       help="input file or glob (quote it); repeat for more")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--output", required=True, metavar="DIR")
+    train.add_argument("--min-frequency", type=int, default=2, help="least count for a merge (default 2)")
+    _add_text_options(train)
+    train.set_defaults(func=_train_tokenizer)
+    return parser
+
+
+def _add_text_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-key", default="text",
+                        help="jsonl key / parquet column holding the text (default: text)")
+    parser.add_argument("--txt-mode", choices=TXT_MODES, default="file",
+                        help="plain text files: one document per file, paragraph or line (default: file)")
+
+
+def _tokenize(args: argparse.Namespace) -> None:
+    recipe.tokenize(
+        args.input,
+        args.tokenizer,
+        args.output_prefix,
+        text_key=args.text_key,
+        append_eod=not args.no_eod,
+        workers=args.workers,
+        txt_mode=args.txt_mode,
+    )
+
+
+def _train_tokenizer(args: argparse.Namespace) -> None:
+    recipe.train_tokenizer(
+        args.input,
+        args.vocab_size,
+        args.output,
+        min_frequency=args.min_frequency,
+        text_key=args.text_key,
+        txt_mode=args.txt_mode,
+    )

@@ -1,0 +1,132 @@
+"""``longboat <command>``: parse arguments, load the config, call one entry function. No logic here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from longboat import __version__
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Re-run this command as ``torchrun --standalone --nproc_per_node N -m longboat train ...``."""
+    import os
+
+    from longboat.config.base import ConfigError
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    if "WORLD_SIZE" in os.environ:
+        raise ConfigError("--nproc starts its own ranks; drop it when launching with torchrun")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+           "-m", "longboat", "train", args.config, *args.overrides]
+    os.execv(sys.executable, cmd)  # torchrun takes over this process: signals and the exit status are its own
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        return _launch(args)
+    from longboat.recipes import train
+    from longboat.recipes.config import load_run_config
+
+    result = train.run(load_run_config(args.config, args.overrides))
+    return 0 if not result.stopped_by_signal else 143
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from longboat.recipes.generate import generate_text, load_for_inference
+
+    loaded = load_for_inference(args.model)
+    for i in range(args.num_samples):
+        text, rate = generate_text(
+            loaded, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i
+        )
+        print(args.prompt + text)
+        print(f"[{rate:.0f} tokens/s from {loaded.source}]", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from longboat.recipes.export import export_run
+
+    print(f"exported to {export_run(args.source, args.output)}")
+    return 0
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from longboat.recipes import quickstart
+
+    return quickstart.run(args.run_dir, args.steps, args.overrides)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from longboat.models.llm.presets import load_preset, preset_names
+    from longboat.models.llm.config import DecoderConfig
+
+    for name in preset_names():
+        cfg = DecoderConfig(**load_preset(name))
+        print(f"{name:16s} {cfg.num_params() / 1e6:9.1f}M  layers {cfg.n_layers:3d}  d_model {cfg.d_model:5d}  "
+              f"heads {cfg.n_heads}/{cfg.kv_heads}  vocab {cfg.vocab_size}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from longboat.cli import data
+
+    parser = argparse.ArgumentParser(prog="longboat", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"longboat {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a model; the config's `task` says which kind")
+    p.add_argument("config", help="YAML run config (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=100")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="start N ranks on this machine through torchrun (see parallel.* for the layout)")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("generate", help="sample text from an export, a run directory or a checkpoint")
+    p.add_argument("model", help="export dir, run dir, or run_dir/checkpoints/step_N")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.set_defaults(func=_generate)
+
+    p = sub.add_parser("export", help="write a safetensors export from a run directory or a checkpoint")
+    p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("quickstart", help="train a small model on Shakespeare and print a sample (~5 minutes)")
+    p.add_argument("--run-dir", default="runs/quickstart")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=_quickstart)
+
+    p = sub.add_parser("models", help="list the model presets")
+    p.set_defaults(func=_models)
+
+    data.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longboat.errors import USER_ERRORS
+    from longboat.utils.logging import error
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except USER_ERRORS as e:
+        error(str(e))
+        return 2
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

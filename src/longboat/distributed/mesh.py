@@ -1,0 +1,95 @@
+"""The device mesh: named axes ``dp_replicate × dp_shard × tp``, validated before any collective runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from longboat.config.base import ConfigError
+from longboat.distributed.config import ParallelConfig
+
+AXES = ("dp_replicate", "dp_shard", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Resolved degree of each mesh axis; their product is the world size."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+
+def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
+    """Fill in ``dp_shard=-1`` and check that the axes multiply to ``world_size``.
+
+    Pure arithmetic on the config and the launch environment, so every rank raises the same error instead of
+    some of them waiting in a collective.
+    """
+    fixed = cfg.dp_replicate * cfg.tp
+    shard = cfg.dp_shard
+    if shard == -1:
+        if world_size % fixed:
+            raise ConfigError(
+                f"parallel: {world_size} ranks cannot be split as dp_replicate={cfg.dp_replicate} × tp={cfg.tp} × "
+                f"dp_shard (the rest): {world_size} is not a multiple of {fixed}"
+            )
+        shard = world_size // fixed
+    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp)
+    if dims.world_size != world_size:
+        raise ConfigError(
+            f"parallel: dp_replicate={dims.dp_replicate} × dp_shard={dims.dp_shard} × tp={dims.tp} = "
+            f"{dims.world_size} ranks, but the job has {world_size}; change the degrees or the number of processes "
+            "(set parallel.dp_shard=-1 to use the rest)"
+        )
+    return dims
+
+
+class ParallelMesh:
+    """The job's ``DeviceMesh`` and the sub-meshes each parallelism works on."""
+
+    def __init__(self, dims: ParallelDims, device_type: str):
+        self.dims = dims
+        self.world: DeviceMesh = init_device_mesh(
+            device_type, (dims.dp_replicate, dims.dp_shard, dims.tp), mesh_dim_names=AXES
+        )
+        # One flat axis over all data-parallel ranks: the group that splits the data and reduces the loss.
+        self.dp: DeviceMesh = self.world["dp_replicate", "dp_shard"]._flatten("dp")
+
+    @property
+    def tp(self) -> DeviceMesh | None:
+        return self.world["tp"] if self.dims.tp > 1 else None
+
+    @property
+    def fsdp(self) -> DeviceMesh:
+        """1-D (``dp_shard``) for FSDP, 2-D (``dp_replicate``, ``dp_shard``) for HSDP."""
+        if self.dims.dp_replicate > 1:
+            return self.world["dp_replicate", "dp_shard"]
+        return self.world["dp_shard"]
+
+    @property
+    def dp_rank(self) -> int:
+        return self.dp.get_local_rank()
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        return self.dp.get_group()
+
+    def __repr__(self) -> str:
+        return " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES)
+
+
+def build_mesh(cfg: ParallelConfig, device_type: str) -> ParallelMesh:
+    """Validate the degrees against the initialised world, then create the mesh (a collective)."""
+    dims = resolve_dims(cfg, dist.get_world_size())
+    return ParallelMesh(dims, device_type)

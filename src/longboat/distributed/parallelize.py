@@ -1,0 +1,206 @@
+"""Apply parallelism to a plain model from outside: TP → activation checkpointing → compile → FSDP/DDP.
+
+The order matters (as in torchtitan): TP turns weights into DTensors on the ``tp`` axis, checkpointing and
+compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their DTensors.
+A model opts in by keeping its repeated blocks in ``model.layers`` (an ``nn.ModuleList`` or ``nn.ModuleDict``)
+and, for ``meta_init``, by defining ``init_weights()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from fnmatch import fnmatchcase
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from longboat.config.base import ConfigError
+from longboat.distributed.config import ParallelConfig
+from longboat.distributed.mesh import ParallelMesh
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+# FSDP2 (torch >= 2.13) warns on every forward whose output is a view, as logits from F.linear are, in case the
+# caller modifies it in place; longboat's tasks only read model outputs.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
+def _blocks(model: nn.Module) -> nn.Module | None:
+    layers = getattr(model, "layers", None)
+    return layers if isinstance(layers, (nn.ModuleList, nn.ModuleDict)) else None
+
+
+def _require_blocks(model: nn.Module, what: str) -> nn.Module:
+    layers = _blocks(model)
+    if layers is None:
+        raise ConfigError(f"{what} works per block, but {type(model).__name__} has no `layers` module list")
+    return layers
+
+
+# ---- tensor parallel ---------------------------------------------------------------------------------------
+def _matches(name: str, pattern: str) -> bool:
+    """``*`` stands for exactly one dotted component (a block index); ``""`` is the root module."""
+    if pattern == "" or name == "":
+        return pattern == name
+    parts, pats = name.split("."), pattern.split(".")
+    return len(parts) == len(pats) and all(fnmatchcase(p, q) for p, q in zip(parts, pats))
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelStyle]) -> None:
+    """Apply each plan entry to every module its pattern names; a pattern that names nothing is an error."""
+    modules = dict(model.named_modules())
+    for pattern, style in plan.items():
+        targets = [name for name in modules if _matches(name, pattern)]
+        if not targets:
+            raise ConfigError(
+                f"tensor-parallel plan entry '{pattern}' matches no module of {type(model).__name__}; "
+                "the plan is out of date with the model"
+            )
+        for name in targets:
+            parallelize_module(modules[name], tp_mesh, style)
+
+
+# ---- activation checkpointing and compile ------------------------------------------------------------------
+def _save_list() -> set:
+    """Ops whose outputs selective checkpointing keeps: matmuls, attention and TP's reduce-scatters."""
+    aten = torch.ops.aten
+    names = [
+        (aten, "mm"), (aten, "addmm"), (aten, "bmm"),
+        (aten, "_scaled_dot_product_flash_attention"), (aten, "_scaled_dot_product_efficient_attention"),
+        (aten, "_scaled_dot_product_cudnn_attention"), (aten, "_scaled_dot_product_flash_attention_for_cpu"),
+        (torch.ops._c10d_functional, "reduce_scatter_tensor"),
+    ]
+    return {getattr(ns, op).default for ns, op in names if hasattr(ns, op)}
+
+
+def _selective_policy(save: set, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    # Matmuls and attention are expensive to redo and their outputs small next to the pointwise ops
+    # (norms, SiLU, RoPE) around them, which are cheap to recompute.
+    return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> None:
+    """Wrap every ``every``-th block: ``full`` recomputes the whole block, ``selective`` all but matmuls."""
+    layers = _require_blocks(model, f"parallel.activation_checkpointing={mode}")
+    kwargs = {}
+    if mode == "selective":
+        policy = functools.partial(_selective_policy, _save_list())
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+    for i, (name, block) in enumerate(list(layers.named_children())):
+        if i % every == 0:
+            # The wrapper's state-dict hooks drop its `_checkpoint_wrapped_module.` prefix, so checkpoints and
+            # exports keep the model's own names.
+            layers.register_module(name, checkpoint_wrapper(block, **kwargs))
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block in place (names unchanged); blocks are identical, so they share one compiled graph."""
+    layers = _require_blocks(model, "parallel.compile")
+    for block in layers.children():
+        block.compile(fullgraph=True)
+
+
+# ---- data parallel -----------------------------------------------------------------------------------------
+def apply_fsdp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelConfig) -> None:
+    """FSDP2 per block, then the root (embeddings, final norm, head); HSDP when the mesh is 2-D."""
+    mp = MixedPrecisionPolicy(
+        param_dtype=_DTYPES[cfg.param_dtype] if cfg.param_dtype != "fp32" else None,
+        reduce_dtype=_DTYPES[cfg.reduce_dtype],
+    )
+    layers = _blocks(model)
+    blocks = list(layers.children()) if layers is not None else []
+    for i, block in enumerate(blocks):
+        # The last block's gathered weights are needed again at once by backward: keep them.
+        reshard = cfg.reshard_after_forward and i < len(blocks) - 1
+        fully_shard(block, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
+
+
+def apply_ddp(model: nn.Module, mesh: ParallelMesh, device: torch.device, cfg: ParallelConfig) -> nn.Module:
+    """Wrap in ``DistributedDataParallel`` over all data-parallel ranks.
+
+    The wrapper (not the private composable ``replicate``) is the stable API, and DCP's ``get_state_dict`` strips
+    its ``module.`` prefix, so checkpoints move freely between DDP, FSDP and a single process.
+    """
+    # Buffers (RoPE tables) are computed identically on every rank; broadcasting them each step is waste.
+    # (torch 2.13 renamed the flag; older versions know only the first name.)
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    ddp = DistributedDataParallel(
+        model,
+        process_group=mesh.dp_group,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        **no_sync,
+    )
+    if cfg.reduce_dtype == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        ddp.register_comm_hook(mesh.dp_group, bf16_compress_hook)
+    return ddp
+
+
+# ---- meta-device initialisation ----------------------------------------------------------------------------
+def _on_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in model.parameters()) or any(t.is_meta for t in model.buffers())
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Allocate a meta-device model (only this rank's shards once sharded) and initialise it."""
+    if not callable(getattr(model, "init_weights", None)):
+        raise ConfigError(f"parallel.meta_init needs {type(model).__name__}.init_weights() to fill the weights")
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights()
+
+
+def _sharded_init_supported(device: torch.device) -> bool:
+    # DTensor draws random shards consistently across ranks only where the device has a settable RNG state
+    # (CUDA and the like). Elsewhere every rank initialises the full model first, then it is sharded.
+    handle = getattr(torch, device.type, None)
+    return handle is not None and hasattr(handle, "set_rng_state")
+
+
+# ---- all together ------------------------------------------------------------------------------------------
+def parallelize(
+    model: nn.Module,
+    mesh: ParallelMesh | None,
+    cfg: ParallelConfig,
+    tp_plan: dict[str, ParallelStyle] | None = None,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """Apply ``cfg`` to ``model`` on ``mesh`` (None: one process) and return the module to train.
+
+    The result is the same module, except with DDP, whose wrapper is returned. A model built on the meta device
+    comes back allocated on ``device`` and initialised.
+    """
+    device = torch.device(device)
+    uses_fsdp = mesh is not None and cfg.data_parallel == "fsdp"
+    if cfg.param_dtype != "fp32" and not uses_fsdp:
+        raise ConfigError(
+            f"parallel.param_dtype={cfg.param_dtype} is applied by FSDP, which a single-process run does not use; "
+            "use train.dtype=bf16 (autocast) or launch with torchrun"
+        )
+    if _on_meta(model) and not _sharded_init_supported(device):
+        materialize(model, device)
+    if mesh is not None and mesh.tp is not None:
+        if tp_plan is None:
+            raise ConfigError(f"{type(model).__name__} has no tensor-parallel plan; set parallel.tp=1")
+        apply_tensor_parallel(model, mesh.tp, tp_plan)
+    if cfg.activation_checkpointing != "none":
+        apply_activation_checkpointing(model, cfg.activation_checkpointing, cfg.ac_every)
+    if cfg.compile:
+        apply_compile(model)
+    if uses_fsdp:
+        apply_fsdp(model, mesh, cfg)
+    if _on_meta(model):
+        materialize(model, device)
+    if mesh is not None and cfg.data_parallel == "ddp":
+        model = apply_ddp(model, mesh, device, cfg)
+    return model

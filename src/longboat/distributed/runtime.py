@@ -1,0 +1,78 @@
+"""The process group of a ``torchrun`` launch, or a single process when there is none."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from longboat.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """This process's place in the job; ``backend`` is None for a plain single-process run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def launched_world_size() -> int | None:
+    """The world size torchrun set, or None outside torchrun."""
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value else None
+
+
+def _device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda, but no CUDA device is available")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank}, but this node has {torch.cuda.device_count()} CUDA devices; start at most "
+            "one process per device (torchrun --nproc_per_node)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def _backend(choice: str, device: torch.device) -> str:
+    if choice == "nccl" and device.type != "cuda":
+        raise ConfigError("parallel.backend=nccl needs CUDA devices; use parallel.backend=gloo (or auto) on CPU")
+    if choice == "gloo" or device.type != "cuda":
+        return "gloo"
+    # Gloo beside NCCL serves the few collectives on CPU tensors (stop flags, checkpoint metadata).
+    return "cuda:nccl,cpu:gloo"
+
+
+def init_runtime(backend: str = "auto", device: str = "auto") -> Runtime:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+
+    Outside torchrun (WORLD_SIZE unset) nothing is initialised and the runtime is a single process.
+    """
+    world = launched_world_size()
+    if world is None:
+        return Runtime(device=_device(device, 0))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = _device(device, local_rank)
+    be = _backend(backend, dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(be, rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
+    return Runtime(rank, world, local_rank, dev, be)
+
+
+def shutdown(runtime: Runtime) -> None:
+    """Leave the process group (a no-op for a single process)."""
+    if runtime.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,199 @@
+"""Decoder-only transformer (Llama 3 / Qwen2 / Qwen3 family) as plain single-device PyTorch.
+
+x = x + Attention(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)); logits = output(RMSNorm(x)).
+Module names follow torchtitan so tensor-parallel plans and checkpoint adapters are plain name maps.
+The model never shifts labels and never computes a loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longboat.models.llm.cache import KVCache
+from longboat.models.llm.config import DecoderConfig
+from longboat.models.llm.rope import apply_rope, rope_tables
+from longboat.models.registry import register_model
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads."""
+
+    def __init__(self, cfg: DecoderConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.head_dim = hd = cfg.head_size
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        # Qwen3: RMSNorm over each head's vector of q and k, before the rotation.
+        self.q_norm = nn.RMSNorm(hd, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(hd, eps=cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        # Head counts come from the projections (-1), so a tensor-parallel shard of heads works unchanged.
+        q = self.wq(x).view(B, T, -1, self.head_dim)
+        k = self.wk(x).view(B, T, -1, self.head_dim)
+        v = self.wv(x).view(B, T, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, head_dim]
+
+        mask, causal = None, T > 1
+        if cache is not None:
+            start = cache.length
+            k, v = cache.update(self.layer_id, k, v)
+            if start > 0 and T > 1:
+                # Queries sit at start..start+T-1 and see every cached key up to their own position;
+                # SDPA's is_causal would align the diagonal to the top-left instead.
+                rows = torch.arange(start, start + T, device=x.device)[:, None]
+                mask, causal = torch.arange(start + T, device=x.device)[None, :] <= rows, False
+        grouped = q.shape[1] != k.shape[1]
+        if T == 1 and grouped:
+            # Single-token decode: fold each group's query heads into the query-length axis, so the
+            # group attends to its one kv head as a plain multi-query batch without repeating k/v.
+            out = F.scaled_dot_product_attention(q.view(B, k.shape[1], -1, self.head_dim), k, v)
+            return self.wo(out.reshape(B, T, -1))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=grouped)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        for lin in (self.wq, self.wk, self.wv):
+            nn.init.normal_(lin.weight, std=std)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        nn.init.normal_(self.wo.weight, std=out_std)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.reset_parameters()
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, d_model: int, ffn_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, ffn_dim, bias=False)  # gate
+        self.w2 = nn.Linear(ffn_dim, d_model, bias=False)  # down
+        self.w3 = nn.Linear(d_model, ffn_dim, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1.weight, std=std)
+        nn.init.normal_(self.w3.weight, std=std)
+        nn.init.normal_(self.w2.weight, std=out_std)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer."""
+
+    def __init__(self, cfg: DecoderConfig, layer_id: int):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attention = Attention(cfg, layer_id)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.ffn_dim)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(std, out_std)
+        self.feed_forward.init_weights(std, out_std)
+
+
+@register_model("decoder", DecoderConfig)
+class Decoder(nn.Module):
+    """Token ids [B, T] -> next-token logits [B, T, vocab]; optionally fills and reads a KV cache."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        # Tied: the head reads tok_embeddings.weight directly, so there is one parameter and
+        # nothing to re-tie after to_empty() or checkpoint loading.
+        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The [vocab, d_model] matrix of the output head (the embedding table when tied)."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter and recompute the RoPE tables; valid after ``to_empty``."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual projections, as in GPT-2
+        nn.init.normal_(self.tok_embeddings.weight, std=std)
+        for layer in self.layers:
+            layer.init_weights(std, out_std)
+        self.norm.reset_parameters()
+        if self.output is not None:
+            nn.init.normal_(self.output.weight, std=std)
+        cfg, device = self.cfg, self.rope_cos.device
+        self.rope_cos, self.rope_sin = rope_tables(
+            cfg.max_seq_len, cfg.head_size, cfg.rope_theta, cfg.rope_scaling, device=device
+        )
+
+    def make_cache(
+        self, batch: int, max_len: int, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> KVCache:
+        """An empty KV cache for ``batch`` sequences of up to ``max_len`` positions."""
+        if max_len > self.cfg.max_seq_len:
+            raise ValueError(f"cache of {max_len} positions exceeds max_seq_len {self.cfg.max_seq_len}")
+        ref = self.tok_embeddings.weight
+        return KVCache(
+            self.cfg.n_layers, batch, self.cfg.kv_heads, max_len, self.cfg.head_size,
+            dtype=dtype or ref.dtype, device=device or ref.device,
+        )
+
+    def _rope(
+        self, T: int, positions: torch.Tensor | None, cache: KVCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions is not None:
+            return self.rope_cos[positions], self.rope_sin[positions]  # [B, T, head_dim // 2]
+        start = cache.length if cache is not None else 0
+        if start + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence reaches position {start + T}, beyond max_seq_len {self.cfg.max_seq_len}")
+        return self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+
+    def hidden_states(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Final normed hidden states [B, T, d_model], the input of the output head.
+
+        ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding.
+        """
+        cos, sin = self._rope(tokens.shape[1], positions, cache)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        return self.norm(h)
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        return F.linear(self.hidden_states(tokens, positions, cache), self.output_weight)

@@ -1,0 +1,45 @@
+"""Rotary position embeddings (RoFormer) with optional Llama-3.1 frequency scaling.
+
+The rotation pairs dimension i with i + head_dim/2 (the "rotate half" layout used by HF checkpoints),
+so Llama/Qwen weights load without permuting wq/wk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from longboat.models.llm.config import RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+    """theta^(-2i/d) for i < d/2, optionally rescaled as in Llama 3.1."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    if scaling is None:
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (> old_len / low_freq_factor) are divided by the factor, short ones
+    # (< old_len / high_freq_factor) are kept, and the band in between is blended linearly.
+    scaled = torch.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(
+    max_len: int, head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position × frequency, each [max_len, head_dim // 2] in fp32."""
+    inv_freq = inverse_frequencies(head_dim, theta, scaling).to(device)
+    angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, T, heads, head_dim] by angles given as cos/sin [T or B×T, head_dim // 2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

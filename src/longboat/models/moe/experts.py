@@ -1,0 +1,103 @@
+"""SwiGLU experts stored as 3-D weights and run as one grouped (or padded batched) matmul per projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class SwiGLU(nn.Module):
+    """Dense SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Used for shared experts."""
+
+    def __init__(self, d_model: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, ffn_dim, bias=False)
+        self.w2 = nn.Linear(ffn_dim, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, ffn_dim, bias=False)
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1.weight, std=std)
+        nn.init.normal_(self.w3.weight, std=std)
+        nn.init.normal_(self.w2.weight, std=out_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def grouped_mm_supported(*tensors: Tensor) -> bool:
+    """Whether torch's grouped_mm kernel accepts these operands (it needs 16-byte aligned rows)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    # Eager CPU takes fp32 and bf16. Compiled graphs and CUDA's fast kernel are bf16-only; for other
+    # dtypes CUDA falls back to one matmul per group after a host sync, so the padded path is better.
+    all_bf16 = all(t.dtype == torch.bfloat16 for t in tensors)
+    if (torch.compiler.is_compiling() or tensors[0].device.type != "cpu") and not all_bf16:
+        return False
+    return all(t.shape[-1] * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts: w1 (gate) and w3 (up) [E, ffn, d], w2 (down) [E, d, ffn].
+
+    Input rows arrive sorted by expert: rows [offs[e-1], offs[e]) belong to expert e, where
+    offs = cumsum(counts). Rows past the last group (dropped token copies) come out as zeros.
+    """
+
+    def __init__(self, n_experts: int, d_model: int, ffn_dim: int, impl: str = "auto") -> None:
+        super().__init__()
+        self.n_experts = n_experts
+        self.impl = impl
+        self.w1 = nn.Parameter(torch.empty(n_experts, ffn_dim, d_model))
+        self.w2 = nn.Parameter(torch.empty(n_experts, d_model, ffn_dim))
+        self.w3 = nn.Parameter(torch.empty(n_experts, ffn_dim, d_model))
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1, std=std)
+        nn.init.normal_(self.w3, std=std)
+        nn.init.normal_(self.w2, std=out_std)
+
+    def forward(self, x: Tensor, counts: Tensor) -> Tensor:
+        """x [S, d] sorted by expert, counts [E] rows per expert (sum <= S) -> [S, d]."""
+        impl = self._choose_impl(x, counts) if self.impl == "auto" else self.impl
+        return self._grouped(x, counts) if impl == "grouped_mm" else self._padded(x, counts)
+
+    def _choose_impl(self, x: Tensor, counts: Tensor) -> str:
+        if not grouped_mm_supported(x, self.w1, self.w2):
+            return "padded"
+        # On CPU grouped_mm runs one small matmul per group, 2-3x slower than a single bmm; prefer the
+        # padded bmm unless padding every expert to the busiest one more than doubles the rows.
+        if x.device.type == "cpu" and int(counts.max()) * self.n_experts <= 2 * x.shape[0]:
+            return "padded"
+        return "grouped_mm"
+
+    def _grouped(self, x: Tensor, counts: Tensor) -> Tensor:
+        offs = counts.cumsum(0).to(torch.int32)
+        # grouped_mm leaves rows past offs[-1] uninitialised in its output and its input gradient;
+        # zeroing them on both sides keeps that garbage out of the result and out of x.grad.
+        tail = (torch.arange(x.shape[0], device=x.device) >= offs[-1]).unsqueeze(-1)
+        x = x.masked_fill(tail, 0)
+        h = F.silu(F.grouped_mm(x, self.w1.transpose(-2, -1), offs=offs))
+        h = h * F.grouped_mm(x, self.w3.transpose(-2, -1), offs=offs)
+        y = F.grouped_mm(h, self.w2.transpose(-2, -1), offs=offs)
+        return y.masked_fill(tail, 0)
+
+    def _padded(self, x: Tensor, counts: Tensor) -> Tensor:
+        """Gather rows into an [E, max_count, d] buffer (zero-padded) and run three batched matmuls."""
+        n_rows, d = x.shape
+        n_exp = self.n_experts
+        ends = counts.cumsum(0)
+        starts = ends - counts
+        cap = max(int(counts.max()), 1)  # host sync; the grouped path has none
+        # Slot (e, r) holds row starts[e] + r, or an appended zero row when expert e has fewer rows.
+        r = torch.arange(cap, device=x.device)
+        src = torch.where(r < counts.unsqueeze(1), starts.unsqueeze(1) + r, n_rows)
+        buf = torch.cat([x, x.new_zeros(1, d)])[src]
+        h = F.silu(torch.bmm(buf, self.w1.transpose(1, 2))) * torch.bmm(buf, self.w3.transpose(1, 2))
+        y = torch.bmm(h, self.w2.transpose(1, 2)).view(n_exp * cap, d)
+        # Row s of expert e sits at slot e * cap + (s - starts[e]); rows past the last group read a zero row.
+        rows = torch.arange(n_rows, device=x.device)
+        expert = torch.searchsorted(ends, rows, right=True)
+        e = expert.clamp(max=n_exp - 1)
+        slot = torch.where(expert < n_exp, e * cap + rows - starts[e], n_exp * cap)
+        return torch.cat([y, y.new_zeros(1, d)])[slot]

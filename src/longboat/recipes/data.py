@@ -1,0 +1,48 @@
+"""Data commands: tokenize text into a Megatron token dataset, train a tokenizer."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from longboat.data.tokenize import DEFAULT_BATCH_SIZE, TokenizeStats, tokenize_to_indexed
+from longboat.data.tokenizer import Tokenizer, train_bpe
+
+
+def tokenize(
+    inputs: Sequence[str],
+    tokenizer: str,
+    output_prefix: str,
+    text_key: str = "text",
+    append_eod: bool = True,
+    workers: int | None = None,
+    txt_mode: str = "file",
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> TokenizeStats:
+    """``longboat data tokenize``: write ``output_prefix.bin/.idx``, showing progress and a summary."""
+    return tokenize_to_indexed(
+        inputs,
+        tokenizer,
+        output_prefix,
+        text_key=text_key,
+        append_eod=append_eod,
+        workers=workers,
+        batch_size=batch_size,
+        txt_mode=txt_mode,
+        progress=True,
+    )
+
+
+def train_tokenizer(
+    inputs: Sequence[str],
+    vocab_size: int,
+    output: str,
+    min_frequency: int = 2,
+    text_key: str = "text",
+    txt_mode: str = "file",
+) -> Tokenizer:
+    """``longboat data train-tokenizer``: train a byte-level BPE and save it as an HF directory."""
+    tok = train_bpe(inputs, vocab_size, output, min_frequency=min_frequency, text_key=text_key,
+                    txt_mode=txt_mode)
+    print(f"saved tokenizer (vocab {tok.vocab_size:,}, eos {tok.eos_token!r} = id {tok.eos_id}) to {output}",
+          flush=True)
+    return tok

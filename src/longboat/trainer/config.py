@@ -1,0 +1,38 @@
+"""Typed configuration of the training loop and its checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from longboat.config.base import StrictModel
+from longboat.trainer.optim import OptimizerConfig
+from longboat.trainer.schedule import ScheduleConfig
+
+
+class TrainerConfig(StrictModel):
+    steps: int = Field(gt=0)
+    micro_batch_size: int = Field(default=8, gt=0)
+    grad_accum: int = Field(default=1, gt=0)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    clip_grad_norm: float | None = 1.0
+    # Autocast dtype for forward/backward; parameters and optimizer state stay fp32.
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, description="CPU threads for torch (None: torch's default)")
+    log_every: int = Field(default=10, gt=0)
+    eval_every: int = Field(default=0, ge=0, description="0: evaluate only at the end")
+    eval_batches: int = Field(default=10, ge=0)
+    # A step whose loss or gradient is not finite is skipped; this many in a row stop the run.
+    max_consecutive_nonfinite: int = Field(default=5, gt=0)
+    num_workers: int = Field(default=2, ge=0)
+    tensorboard: bool = True
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(default=0, ge=0, description="save every N steps (0: only at the end)")
+    keep: int = Field(default=3, gt=0)
+    resume: bool = True
+    export: bool = Field(default=True, description="write a safetensors export when training ends")

@@ -1,0 +1,54 @@
+"""Model FLOPs utilisation: achieved FLOP/s over the device's peak (a table for GPUs, measured on CPU)."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+# Dense bf16 peak (no sparsity), FLOP/s.
+_GPU_PEAK_BF16 = {
+    "H200": 989e12,
+    "H100": 989e12,  # SXM; the PCIe part is lower and matched below
+    "H100 PCIe": 756e12,
+    "H800": 989e12,
+    "GH200": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10G": 125e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
+
+
+def gpu_peak_flops(name: str) -> float | None:
+    for key in sorted(_GPU_PEAK_BF16, key=len, reverse=True):
+        if key in name:
+            return _GPU_PEAK_BF16[key]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def measured_cpu_peak_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5) -> float:
+    """Best FLOP/s of an n×n matmul on this CPU: the ceiling MFU is measured against."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    if device.type == "cuda":
+        peak = gpu_peak_flops(torch.cuda.get_device_name(device))
+        if peak is not None:
+            return peak if dtype != torch.float32 else peak / 2  # TF32 rate is half of bf16
+    return measured_cpu_peak_flops(dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32)

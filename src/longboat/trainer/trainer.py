@@ -1,0 +1,316 @@
+"""The one training loop: LLM pretraining, SFT and robot policies all run through ``Trainer.fit``.
+
+It knows nothing about text or robots: a task hands it a model, datasets and a loss function that returns
+the *sum* of per-item losses and the number of items. The loop normalises by the item count of the whole
+global batch (all micro-batches, all data-parallel ranks), so accumulation and world size leave the loss
+unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import signal
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.tensor
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from torch import nn
+from torch.utils.data import Dataset
+
+from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState
+from longboat.data.loader import ResumableLoader
+from longboat.trainer.config import CheckpointConfig, TrainerConfig
+from longboat.trainer.metrics import MetricsWriter
+from longboat.trainer.mfu import peak_flops
+from longboat.trainer.optim import build_optimizer
+from longboat.trainer.schedule import build_scheduler
+from longboat.utils.logging import console, rank
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss keeps diverging)."""
+
+
+@dataclass
+class LossOutput:
+    loss_sum: torch.Tensor  # sum of per-item losses in the micro-batch
+    count: torch.Tensor | int  # items the sum is over (non-ignored tokens, samples, ...)
+    units: int  # inputs processed, for throughput (tokens for LMs, samples for policies)
+
+
+class LossFn(Protocol):
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput: ...
+
+
+@dataclass
+class DataParallel:
+    """Where this rank sits among data-parallel replicas (1 of 1 when not distributed)."""
+
+    rank: int = 0
+    size: int = 1
+    group: dist.ProcessGroup | None = None
+
+
+@dataclass
+class FitResult:
+    step: int
+    train_loss: float | None
+    valid_loss: float | None
+    skipped_steps: int
+    stopped_by_signal: bool = False
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("train.device=cuda, but no CUDA device is available")
+    return torch.device(choice)
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        checkpoint: CheckpointConfig,
+        run_dir: str | Path,
+        model: nn.Module,
+        loss_fn: LossFn,
+        train_data: Dataset,
+        valid_data: Dataset | None = None,
+        flops_per_unit: float | None = None,
+        dp: DataParallel | None = None,
+        device: torch.device | None = None,
+        on_checkpoint: Callable[[Path], None] | None = None,
+    ):
+        self.cfg, self.ckpt_cfg = cfg, checkpoint
+        self.run_dir = Path(run_dir)
+        self.dp = dp or DataParallel()
+        self.device = device or resolve_device(cfg.device)
+        self.model = model
+        self.loss_fn = loss_fn
+        self.valid_data = valid_data
+        self.flops_per_unit = flops_per_unit
+        self.on_checkpoint = on_checkpoint
+        self.optimizer = build_optimizer(model, cfg.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.steps, cfg.schedule)
+        self.loader = ResumableLoader(
+            train_data, cfg.micro_batch_size, self.dp.rank, self.dp.size, cfg.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=checkpoint.keep)
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
+        self.step = 0
+        self.skipped_steps = 0
+        self._consecutive_nonfinite = 0
+        self._stop_signal: int | None = None
+        self._autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if cfg.dtype == "bf16" else contextlib.nullcontext()
+        )
+        self._peak = peak_flops(self.device, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+        # MFU divides by every device of the job: tensor-parallel ranks share a data-parallel replica's work.
+        self._n_devices = dist.get_world_size() if dist.is_initialized() else self.dp.size
+
+    # ---- state -------------------------------------------------------------------------------------
+    def _state(self) -> dict:
+        return {
+            "train": ModelOptimizerState(self.model, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer": {"step": self.step, "skipped_steps": self.skipped_steps, **self.loader.state_dict()},
+        }
+
+    def save_checkpoint(self) -> Path:
+        path = self.checkpoints.save(self.step, self._state())
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(path)
+        return path
+
+    def resume(self, path: Path | None = None) -> bool:
+        path = path or self.checkpoints.latest()
+        if path is None:
+            return False
+        state = self._state()
+        self.checkpoints.load(path, state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["trainer"]["step"])
+        self.skipped_steps = int(state["trainer"]["skipped_steps"])
+        self.loader.load_state_dict(state["trainer"])
+        console.print(f"resumed from {path} at step {self.step}")
+        return True
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dp.size > 1:
+            dist.all_reduce(t, group=self.dp.group)
+        return t
+
+    def train_step(self) -> dict:
+        self.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        units = 0
+        for _ in range(self.cfg.grad_accum):
+            batch = _to_device(next(self.loader), self.device)
+            with self._autocast:
+                out = self.loss_fn(self.model, batch)
+            out.loss_sum.backward()
+            loss_sum += out.loss_sum.detach().double()
+            count += out.count
+            units += out.units
+        totals = self._all_reduce(torch.stack([loss_sum, count]))
+        global_count = max(totals[1].item(), 1.0)
+        # Gradients hold the sum over this rank's items, averaged over replicas by DDP/FSDP; rescale them to
+        # the mean over every item of the global batch.
+        scale = self.dp.size / global_count
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        max_norm = self.cfg.clip_grad_norm if self.cfg.clip_grad_norm else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
+            grad_norm = grad_norm.full_tensor()
+        loss = totals[0].item() / global_count
+        finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:
+            self.optimizer.step()
+            self._consecutive_nonfinite = 0
+        else:
+            self.skipped_steps += 1
+            self._consecutive_nonfinite += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # a skipped step keeps the schedule moving, which torch warns about
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
+        self.step += 1
+        if self._consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
+            raise TrainingError(
+                f"step {self.step}: the loss or gradient was not finite for {self._consecutive_nonfinite} steps in a "
+                f"row (loss {loss}, grad norm {float(grad_norm)}); lower train.optimizer.lr, enable "
+                "train.clip_grad_norm, or check the data"
+            )
+        return {
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "units": units * self.dp.size,
+            "skipped": 0 if finite else 1,
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict | None:
+        if self.valid_data is None or self.cfg.eval_batches == 0:
+            return None
+        self.model.eval()
+        loader = ResumableLoader(self.valid_data, self.cfg.micro_batch_size, self.dp.rank, self.dp.size, 0)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        for _, batch in zip(range(self.cfg.eval_batches), loader):
+            with self._autocast:
+                out = self.loss_fn(self.model, _to_device(batch, self.device))
+            loss_sum += out.loss_sum.double()
+            count += out.count
+        totals = self._all_reduce(torch.stack([loss_sum, count]))
+        if totals[1].item() == 0:
+            return None
+        loss = totals[0].item() / totals[1].item()
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict:
+        def handler(signum, frame):
+            self._stop_signal = signum
+
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                pass
+        return previous
+
+    def _stop_requested(self) -> bool:
+        flag = torch.tensor([1.0 if self._stop_signal is not None else 0.0])
+        if self.dp.size > 1 and dist.is_initialized():
+            dist.all_reduce(flag)  # preemption reaches ranks at different moments; stop together
+        return bool(flag.item())
+
+    def fit(self) -> FitResult:
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        self.model.to(self.device)
+        if self.ckpt_cfg.resume:
+            self.resume()
+        previous_handlers = self._install_signal_handlers()
+        log_keys = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_mb")
+        window_units, window_start = 0, time.perf_counter()
+        last_train, last_valid, stopped = None, None, False
+        progress = Progress(
+            BarColumn(bar_width=20), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+            console=console, transient=False, disable=rank() != 0,
+        )
+        try:
+            with progress:
+                bar = progress.add_task("train", total=self.cfg.steps, completed=self.step, info="")
+                while self.step < self.cfg.steps:
+                    m = self.train_step()
+                    last_train = m["loss"]
+                    window_units += m.pop("units")
+                    if self.step % self.cfg.log_every == 0 or self.step == self.cfg.steps:
+                        elapsed = time.perf_counter() - window_start
+                        rate = window_units / elapsed if elapsed > 0 else 0.0
+                        m["tokens_per_s"] = rate
+                        if self.flops_per_unit:
+                            m["mfu"] = rate * self.flops_per_unit / (self._peak * self._n_devices)
+                        m["peak_mem_mb"] = _peak_memory_mb(self.device)
+                        m["skipped_total"] = self.skipped_steps
+                        self.metrics.write(self.step, m)
+                        line = MetricsWriter.summary(m, log_keys)
+                        progress.update(bar, info=line)
+                        if not console.is_terminal:  # logs and CI get a line per log step instead of a bar
+                            console.print(f"step {self.step}/{self.cfg.steps} · {line}")
+                        window_units, window_start = 0, time.perf_counter()
+                    progress.update(bar, completed=self.step)
+                    if self.cfg.eval_every and self.step % self.cfg.eval_every == 0 and self.step < self.cfg.steps:
+                        last_valid = self._log_eval()
+                    if self.ckpt_cfg.every and self.step % self.ckpt_cfg.every == 0 and self.step < self.cfg.steps:
+                        self.save_checkpoint()
+                    if self._stop_requested():
+                        console.print(f"signal {self._stop_signal}: saving a checkpoint at step {self.step} and stopping")
+                        stopped = True
+                        break
+            if not stopped:
+                last_valid = self._log_eval() or last_valid
+            if self.checkpoints.latest() is None or not self.checkpoints.latest().name.endswith(f"{self.step:08d}"):
+                self.save_checkpoint()
+        finally:
+            for sig, h in previous_handlers.items():
+                signal.signal(sig, h)
+            self.metrics.close()
+        return FitResult(self.step, last_train, last_valid, self.skipped_steps, stopped)
+
+    def _log_eval(self) -> float | None:
+        ev = self.evaluate()
+        if ev is None:
+            return None
+        self.metrics.write(self.step, ev, kind="valid")
+        console.print(f"step {self.step} · valid {MetricsWriter.summary(ev, ('loss', 'perplexity'))}")
+        return ev["loss"]

@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+
+from longboat.config.base import ConfigError, apply_overrides, load_yaml
+from longboat.recipes.config import load_run_config, resolve
+
+CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_config_file_loads(path):
+    # Base files are partial: complete them with the required fields a child would give.
+    required = ["run_dir=x", "train.steps=1", "data.tokenizer=t", "data.paths=[p]", "data.seq_len=8"]
+    resolved = load_run_config(path, required if path.stem == "base" else [])
+    assert resolved.cfg.train.steps > 0
+    assert resolved.model.n_layers > 0
+
+
+def test_configs_exist():
+    assert len(CONFIGS) >= 3
+
+
+def test_inheritance_and_overrides(tmp_path):
+    (tmp_path / "base.yaml").write_text("a: {b: 1, c: 2}\nlist: [1, 2]\n")
+    (tmp_path / "child.yaml").write_text("inherit: base.yaml\na: {c: 3}\n")
+    data = load_yaml(tmp_path / "child.yaml")
+    assert data == {"a": {"b": 1, "c": 3}, "list": [1, 2]}
+    over = apply_overrides(data, ["a.b=5e-4", "list=[3]", "new.deep.key=null", "s=hello"])
+    assert over == {"a": {"b": 5e-4, "c": 3}, "list": [3], "new": {"deep": {"key": None}}, "s": "hello"}
+    assert data["a"]["b"] == 1  # overrides do not mutate their input
+
+
+def test_inheritance_cycle(tmp_path):
+    (tmp_path / "a.yaml").write_text("inherit: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("inherit: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_yaml(tmp_path / "a.yaml")
+
+
+def test_missing_file_names_it(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_yaml(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lrr=1", "unknown key 'train.lrr'"),
+        ("train.optimizer.lrr=1", "unknown key 'train.optimizer.lrr'; did you mean 'lr'"),
+        ("model.n_layer=2", "unknown key 'model.n_layer'; did you mean 'n_layers'"),
+        ("data.seq_lenn=2", "unknown key 'data.seq_lenn'; did you mean 'seq_len'"),
+        ("chekpoint.every=2", "unknown key 'chekpoint'; did you mean 'checkpoint'"),
+        ("train.steps=-1", "'train.steps': Input should be greater than 0"),
+        ("train.dtype=fp8", "'train.dtype'"),
+        ("task=nope", "unknown task 'nope'; known tasks: pretrain"),
+        ("model.preset=nope", "unknown model preset 'nope'"),
+        ("model.arch=nope", "unknown model architecture 'nope'"),
+    ],
+)
+def test_bad_keys_fail_with_the_key_named(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_run_config(CONFIGS[0].parent / "quickstart.yaml", [override])
+
+
+def test_override_must_be_key_value():
+    with pytest.raises(ConfigError, match="expected key=value"):
+        apply_overrides({}, ["train.steps"])
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    resolved = load_run_config(CONFIGS[0].parent / "quickstart.yaml", ["model.n_layers=2"])
+    path = tmp_path / "config.yaml"
+    path.write_text(resolved.to_yaml())
+    again = load_run_config(path)
+    assert again.model == resolved.model and again.model.n_layers == 2
+    assert again.cfg.train == resolved.cfg.train
+    assert "preset" not in again.cfg.model  # the preset is expanded into plain fields
+    assert resolve({"run_dir": "x", "train": {"steps": 1}, "data": {"tokenizer": "t", "paths": ["p"], "seq_len": 8}})

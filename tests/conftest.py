@@ -1,0 +1,51 @@
+"""Shared fixtures: a small real corpus (Python standard library sources) tokenized into Megatron files."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def stdlib_files(n: int) -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.glob("*.py"))[:n]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """(tokenizer dir, token-file prefix) for 60 stdlib modules, one document per paragraph."""
+    from longboat.data.tokenize import tokenize_to_indexed
+    from longboat.data.tokenizer import train_bpe
+
+    work = tmp_path_factory.mktemp("corpus")
+    files = stdlib_files(60)
+    train_bpe(files, 512, work / "tokenizer", show_progress=False)
+    prefix = work / "stdlib_text_document"
+    tokenize_to_indexed(files, work / "tokenizer", prefix, txt_mode="paragraph", workers=1, progress=False)
+    return work / "tokenizer", str(prefix)
+
+
+def run_longboat(*args: str, env: dict | None = None, check: bool = False, timeout: float = 300):
+    """Run the real command line in a subprocess (as a user would)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "longboat", *args], capture_output=True, text=True,
+                          env=full_env, cwd=REPO, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"longboat {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def tiny_run_args(run_dir, corpus, *extra: str) -> list[str]:
+    tokenizer, prefix = corpus
+    return [
+        "train", "configs/pretrain/quickstart.yaml", f"run_dir={run_dir}", f"data.tokenizer={tokenizer}",
+        f"data.paths=[{prefix}]", "model.vocab_size=512", "model.n_layers=2", "model.d_model=64",
+        "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=128", "data.seq_len=64", "model.max_seq_len=128",
+        "train.micro_batch_size=4", "train.log_every=1", "train.eval_every=0", "train.eval_batches=2",
+        "train.tensorboard=false", "train.threads=1", *extra,
+    ]

@@ -1,0 +1,63 @@
+"""``longboat train`` under torchrun and ``--nproc``: a real 2-rank run, and mistakes that must fail fast."""
+
+import sys
+
+import pytest
+import torch
+
+from longboat.recipes.generate import load_for_inference
+from longboat.trainer.metrics import read_metrics
+from tests.conftest import tiny_run_args
+from tests.distributed.conftest import finish, free_ports, start, torchrun
+
+pytestmark = pytest.mark.slow
+
+# Mesh and head checks run before the data is read, so these runs need no corpus.
+NO_DATA = ["data.tokenizer=missing", "data.paths=[missing]", "data.seq_len=16", "train.steps=1"]
+
+
+def test_misconfigured_runs_fail_on_every_rank_without_hanging(tmp_path):
+    (port,) = free_ports(1)
+    launches = {
+        # 3 ranks asked for, 2 started
+        "mesh": torchrun(2, port, "-m", "longboat", "train", "configs/pretrain/quickstart.yaml",
+                         f"run_dir={tmp_path / 'mesh'}", "parallel.dp_shard=3", *NO_DATA),
+        # 2-way TP of a model with one key/value head
+        "heads": [sys.executable, "-m", "longboat", "train", "--nproc", "2", "configs/pretrain/quickstart.yaml",
+                  f"run_dir={tmp_path / 'heads'}", "parallel.tp=2", "model.n_kv_heads=1", *NO_DATA],
+    }
+    procs = {name: start(cmd, tmp_path / f"{name}.log") for name, cmd in launches.items()}
+    logs = {name: finish(proc, tmp_path / f"{name}.log", timeout=120) for name, proc in procs.items()}
+    assert procs["mesh"].returncode != 0 and procs["heads"].returncode != 0
+    for r in (0, 1):
+        assert f"[rank {r}] parallel: dp_replicate=1 × dp_shard=3 × tp=1 = 3 ranks, but the job has 2" in logs["mesh"]
+        assert f"[rank {r}] parallel.tp=2 must divide the model's n_heads (4) and n_kv_heads (1)" in logs["heads"]
+
+
+def test_train_on_two_ranks_and_export_the_gathered_model(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    args = tiny_run_args(run_dir, corpus, "train.steps=4", "train.num_workers=0", "parallel.meta_init=true",
+                         "parallel.activation_checkpointing=selective")
+    log = tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", *args[1:]], log)
+    out = finish(proc, log, timeout=240)
+    assert proc.returncode == 0, out[-6000:]
+    assert "mesh dp_replicate 1 × dp_shard 2 × tp 1 (fsdp)" in out
+    assert out.count("exported to") == 1  # rank 0 speaks for the job
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
+    exported = load_for_inference(run_dir / "export").model.state_dict()
+    checkpointed = load_for_inference(run_dir / "checkpoints" / "step_00000004").model.state_dict()
+    assert exported.keys() == checkpointed.keys()
+    for name, value in exported.items():
+        torch.testing.assert_close(value, checkpointed[name], rtol=0, atol=0, msg=name)
+
+
+def test_gpu_benchmark_dry_run_on_cpu(tmp_path):
+    """bench/gpu_train.py --tiny: FSDP2 with bf16 parameters, meta init, selective AC and per-block compile."""
+    (port,) = free_ports(1)
+    log = tmp_path / "bench.log"
+    # Safe path: scripts in bench/ must not shadow standard-library modules for each other.
+    proc = start(torchrun(1, port, "bench/gpu_train.py", "--tiny"), log, env={"PYTHONSAFEPATH": "1"})
+    out = finish(proc, log, timeout=300)
+    assert proc.returncode == 0, out[-6000:]
+    assert "tokens/s" in out and "MFU" in out and "compile True" in out

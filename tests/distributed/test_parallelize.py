@@ -1,0 +1,129 @@
+"""parallelize() against the plain model: in one process (checkpointing, meta init) and on real gloo ranks.
+
+The multi-rank runs train the same tiny Decoder with the real Trainer on the same global batch as a single
+process, and must follow its loss curve and end at its weights, for DDP, FSDP2, HSDP, TP+SP and FSDP×TP, and
+when a checkpoint is resumed on another world size or another kind of data parallelism.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longboat.config.base import ConfigError
+from longboat.distributed import ParallelConfig, parallelize
+from longboat.distributed.parallelize import _matches
+from longboat.models import build_model
+from longboat.models.llm.parallel_plan import tensor_parallel_plan
+from longboat.trainer.metrics import read_metrics
+from tests.distributed.conftest import WORKER, finish, free_ports, start, torchrun
+from tests.distributed.train_worker import CASES, MODELS, SAVE_AT, STEPS, run_case
+
+MODEL = dict(MODELS["untied_qk"])
+
+
+def _loss_and_grads(model, tokens):
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode,every", [("full", 1), ("selective", 1), ("full", 2)])
+def test_activation_checkpointing_keeps_names_and_gradients(mode, every):
+    torch.manual_seed(0)
+    plain = build_model("decoder", MODEL)
+    wrapped = build_model("decoder", MODEL)
+    wrapped.load_state_dict(plain.state_dict())
+    wrapped = parallelize(wrapped, None, ParallelConfig(activation_checkpointing=mode, ac_every=every))
+    assert wrapped.state_dict().keys() == plain.state_dict().keys()  # checkpoints and exports keep their names
+    tokens = torch.randint(0, MODEL["vocab_size"], (2, 17))
+    loss, grads = _loss_and_grads(plain, tokens)
+    loss_w, grads_w = _loss_and_grads(wrapped, tokens)
+    torch.testing.assert_close(loss_w, loss)
+    assert {n.replace("_checkpoint_wrapped_module.", "") for n in grads_w} == grads.keys()
+    for name, g in grads_w.items():
+        torch.testing.assert_close(g, grads[name.replace("_checkpoint_wrapped_module.", "")])
+
+
+def test_meta_init_allocates_and_initialises():
+    with torch.device("meta"):
+        model = build_model("decoder", MODEL)
+    model = parallelize(model, None, ParallelConfig(meta_init=True))
+    reference = build_model("decoder", MODEL)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert p.device.type == "cpu" and torch.isfinite(p).all(), name
+        assert p.std().item() == pytest.approx(q.std().item(), rel=0.5, abs=1e-6), name
+    torch.testing.assert_close(model.rope_cos, reference.rope_cos)
+
+
+def test_bf16_parameters_need_fsdp():
+    with pytest.raises(ConfigError, match="param_dtype=bf16 is applied by FSDP"):
+        parallelize(build_model("decoder", MODEL), None, ParallelConfig(param_dtype="bf16"))
+
+
+@pytest.mark.parametrize("variant", [{"tie_embeddings": True}, {"tie_embeddings": False, "qk_norm": True}])
+def test_every_plan_entry_names_a_module(variant):
+    model = build_model("decoder", dict(MODEL, **variant))
+    names = [name for name, _ in model.named_modules()]
+    for pattern in tensor_parallel_plan(model.cfg):
+        assert any(_matches(name, pattern) for name in names), pattern
+
+
+# ---- real ranks --------------------------------------------------------------------------------------------
+def _rows(run_dir) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every case of train_worker.CASES, with two torchrun launches overlapping the single-process runs."""
+    out = tmp_path_factory.mktemp("runs")
+    port2, port4 = free_ports(2)
+    threads = torch.get_num_threads()
+    four = start(torchrun(4, port4, str(WORKER), str(out), "hsdp", "fsdp_tp"), out / "four.log")
+    try:
+        run_case(out, "single")
+        run_case(out, "single_qk")
+        two = start(
+            torchrun(2, port2, str(WORKER), str(out), "fsdp", "ddp", "tp", "ddp_from_fsdp", "fsdp_from_single"),
+            out / "two.log",
+        )
+        log = finish(two, out / "two.log", timeout=300)
+        assert two.returncode == 0, log[-6000:]
+        run_case(out, "single_from_fsdp")
+    finally:
+        torch.set_num_threads(threads)
+        log = finish(four, out / "four.log", timeout=300)
+    assert four.returncode == 0, log[-6000:]
+    return out
+
+
+def _assert_same_run(runs, case: str, ref: str, first_step: int = 1):
+    got, want = _rows(runs / case), _rows(runs / ref)
+    assert sorted(got) == list(range(first_step, STEPS + 1))
+    for step, row in got.items():
+        assert row["loss"] == pytest.approx(want[step]["loss"], rel=1e-5), f"{case}: loss at step {step}"
+        # The norm before clipping catches a wrongly scaled gradient, which Adam alone would hide.
+        assert row["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=1e-4), f"{case}: grad norm, step {step}"
+    params, expected = torch.load(runs / case / "final.pt"), torch.load(runs / ref / "final.pt")
+    assert params.keys() == expected.keys()
+    for name, value in params.items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=5e-5, msg=lambda m: f"{case} {name}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["ddp", "fsdp", "hsdp", "tp", "fsdp_tp"])
+def test_parallel_training_matches_one_process(runs, case):
+    ref = "single_qk" if CASES[case].model == "untied_qk" else "single"
+    _assert_same_run(runs, case, ref)
+    first = torch.load(runs / ref / "final.pt")
+    torch.manual_seed(0)  # as train_worker.run_case
+    init = build_model("decoder", MODELS[CASES[case].model]).state_dict()
+    assert max((first[k] - init[k]).abs().max().item() for k in first) > 0.05  # the weights really moved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["single_from_fsdp", "ddp_from_fsdp", "fsdp_from_single"])
+def test_resume_on_another_layout_continues_the_curve(runs, case):
+    """2-rank FSDP → 1 process, 2-rank FSDP → 2-rank DDP, 1 process → 2-rank FSDP, from step SAVE_AT."""
+    _assert_same_run(runs, case, "single", first_step=SAVE_AT + 1)

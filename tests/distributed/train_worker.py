@@ -1,0 +1,132 @@
+"""Train a tiny Decoder with the real Trainer, under torchrun or in one process, for the distributed tests.
+
+    torchrun --nproc_per_node=2 tests/distributed/train_worker.py OUT CASE [CASE ...]
+
+Cases run one after another in the same process group. Each writes ``OUT/<case>/metrics.jsonl``, its
+checkpoints and ``final.pt`` (the full parameters, gathered to rank 0). Every run sees the same global batch
+(``GLOBAL_BATCH`` consecutive samples per step), so all of them follow the single-process loss curve.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.data import Dataset
+
+from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
+from longboat.models import build_model
+from longboat.recipes.train import tensor_parallel_plan
+from longboat.tasks.pretrain import make_lm_loss
+from longboat.trainer.config import CheckpointConfig, TrainerConfig
+from longboat.trainer.trainer import DataParallel, Trainer
+
+VOCAB, SEQ, STEPS, GLOBAL_BATCH, SAVE_AT = 128, 16, 12, 4, 6
+# Adam divides by sqrt(v) + eps: with the usual 1e-8 a gradient entry at rounding-noise level still moves its
+# weight by about the learning rate, so runs that differ only in reduction order drift apart by ~1e-3 in 12 steps.
+# A larger eps damps those entries; with it a 1e-7 perturbation of the initial weights moves the final ones by
+# ~1e-6, while the learning rate still moves them by ~0.1.
+LR, ADAM_EPS = 5e-3, 1e-5
+BASE = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+MODELS = {
+    "tied": dict(BASE, tie_embeddings=True),
+    "untied_qk": dict(BASE, tie_embeddings=False, qk_norm=True, qkv_bias=True),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    parallel: dict = field(default_factory=dict)
+    resume_from: str | None = None  # a checkpoint under OUT to start from
+    save_every: int = 0
+
+
+CASES = {
+    # single process (no torchrun): the references
+    "single": Case("tied", save_every=SAVE_AT),
+    "single_qk": Case("untied_qk"),
+    "single_from_fsdp": Case("tied", resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
+    # 2 ranks
+    "fsdp": Case("tied", save_every=SAVE_AT),
+    "ddp": Case("tied", {"data_parallel": "ddp"}),
+    "tp": Case("tied", {"tp": 2}),
+    "ddp_from_fsdp": Case("tied", {"data_parallel": "ddp"}, resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
+    "fsdp_from_single": Case("tied", resume_from=f"single/checkpoints/step_{SAVE_AT:08d}"),
+    # 4 ranks
+    "hsdp": Case("tied", {"dp_replicate": 2}),
+    "fsdp_tp": Case("untied_qk", {"tp": 2}),
+}
+
+
+class RepeatingTokens(Dataset):
+    """Deterministic samples in which every token repeats the one two places back: quick to learn."""
+
+    def __len__(self) -> int:
+        return STEPS * GLOBAL_BATCH
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        head = torch.randint(0, VOCAB, (2,), generator=g)
+        x = head.repeat((SEQ + 2) // 2)[: SEQ + 1]
+        return {"tokens": x[:-1], "labels": x[1:].clone()}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def run_case(out: Path, name: str) -> None:
+    case = CASES[name]
+    cfg = ParallelConfig(**case.parallel)
+    dims = resolve_dims(cfg, dist.get_world_size() if dist.is_initialized() else 1)
+    mesh = ParallelMesh(dims, "cpu") if dist.is_initialized() else None
+    torch.manual_seed(0)
+    model_cfg = MODELS[case.model]
+    model = build_model("decoder", model_cfg)
+    plan = tensor_parallel_plan("decoder", model.cfg, dims.tp)
+    model = parallelize(model, mesh, cfg, plan, "cpu")
+    dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
+
+    run_dir = out / name
+    if case.resume_from is not None:
+        src = out / case.resume_from
+        if _rank() == 0:
+            shutil.copytree(src, run_dir / "checkpoints" / src.name)
+        _barrier()
+    train_cfg = TrainerConfig(
+        steps=STEPS, micro_batch_size=GLOBAL_BATCH // dims.dp, log_every=1, eval_batches=0, num_workers=0,
+        tensorboard=False, threads=1, optimizer={"lr": LR, "eps": ADAM_EPS}, schedule={"kind": "constant"},
+    )
+    trainer = Trainer(
+        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, make_lm_loss(False),
+        RepeatingTokens(), dp=dp, device=torch.device("cpu"),
+    )
+    trainer.fit()
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _rank() == 0:
+        torch.save(state, run_dir / "final.pt")
+    _barrier()
+
+
+def main(out: str, names: list[str]) -> None:
+    dist.init_process_group("gloo")
+    try:
+        for name in names:
+            run_case(Path(out), name)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,218 @@
+"""Decoder: logits parity with transformers, KV cache, meta-device init, config and presets, fused loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longboat.config.base import ConfigError, validate
+from longboat.models import build_model, model_names
+from longboat.models.llm import Decoder, DecoderConfig, load_preset, preset_names
+from longboat.models.llm.hf import from_hf_state_dict, hf_architecture, hf_config_dict
+from longboat.models.llm.loss import chunked_cross_entropy
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, ffn_dim=96, max_seq_len=128)
+LLAMA3_ROPE = dict(type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=32)
+CASES = {
+    "llama-gqa-untied-rope-scaled": dict(SMALL, n_kv_heads=2, rope_scaling=LLAMA3_ROPE, rope_theta=10000.0),
+    "llama-mha-tied": dict(SMALL, tie_embeddings=True, rope_theta=500000.0),
+    "qwen2-qkv-bias-tied": dict(SMALL, n_kv_heads=2, qkv_bias=True, tie_embeddings=True, norm_eps=1e-6),
+    "qwen3-qk-norm-wide-heads": dict(SMALL, n_kv_heads=2, head_dim=32, qk_norm=True, norm_eps=1e-6),
+}
+
+
+def hf_pair(cfg_dict: dict, seed: int = 0):
+    """A random transformers model (weights perturbed away from their trivial init) and ours with its weights."""
+    cfg = DecoderConfig(**cfg_dict)
+    arch = hf_architecture(cfg)
+    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    torch.manual_seed(seed)
+    hf = getattr(transformers, arch)(config_cls(**hf_config_dict(cfg), attn_implementation="eager")).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    ours = Decoder(cfg).eval()
+    ours.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg), strict=True)
+    return hf, ours
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(case):
+    hf, ours = hf_pair(CASES[case])
+    # 80 positions: beyond original_max_position_embeddings (32) of the scaled-RoPE case.
+    tokens = torch.randint(0, 256, (2, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        got = ours(tokens)
+    assert expected.abs().mean() > 0.1  # random weights give non-trivial logits
+    assert (got - expected).abs().max().item() <= 1e-4
+
+
+def test_rope_scaling_frequencies_match_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from longboat.models.llm.rope import inverse_frequencies
+
+    cfg = DecoderConfig(**load_preset("llama3.1-8b"))
+    hf_cfg = transformers.LlamaConfig(**hf_config_dict(cfg))
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg)
+    got = inverse_frequencies(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+    assert torch.equal(got, expected)
+
+
+def test_explicit_positions_equal_default():
+    model = Decoder(DecoderConfig(**CASES["qwen3-qk-norm-wide-heads"])).eval()
+    tokens = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(model(tokens, torch.arange(12).expand(2, 12)), model(tokens), atol=1e-6)
+        # RoPE sees only relative positions: a uniform shift changes nothing, a gap does.
+        assert torch.allclose(model(tokens, torch.arange(5, 17).expand(2, 12)), model(tokens), atol=1e-5)
+        gapped = model(tokens, (torch.arange(12) + 20 * (torch.arange(12) >= 6)).expand(2, 12))
+    assert torch.allclose(gapped[:, :6], model(tokens)[:, :6], atol=1e-6)
+    assert not torch.allclose(gapped[:, 6:], model(tokens)[:, 6:], atol=1e-3)
+
+
+@pytest.mark.parametrize("case", ["llama-gqa-untied-rope-scaled", "llama-mha-tied"])
+def test_kv_cache_matches_full_forward(case):
+    model = Decoder(DecoderConfig(**CASES[case])).eval()
+    tokens = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.make_cache(2, 24)
+        parts = [model(tokens[:, :8], cache=cache),  # prefill
+                 model(tokens[:, 8:13], cache=cache)]  # second prefill chunk on top of the cache
+        parts += [model(tokens[:, t : t + 1], cache=cache) for t in range(13, 20)]  # decode
+    assert cache.length == 20
+    assert (torch.cat(parts, dim=1) - full).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="overflow"):
+        model(tokens[:, :5], cache=cache)
+
+
+def test_hidden_states_feed_the_output_head():
+    for tied in (True, False):
+        model = Decoder(DecoderConfig(**SMALL, tie_embeddings=tied)).eval()
+        tokens = torch.randint(0, 256, (1, 6))
+        with torch.no_grad():
+            assert torch.allclose(model.hidden_states(tokens) @ model.output_weight.T, model(tokens), atol=1e-6)
+        names = {n for n, _ in model.named_parameters()}
+        assert ("output.weight" in names) is not tied
+
+
+def test_init_weights_after_meta_build():
+    cfg = DecoderConfig(**load_preset("tiny"), init_std=0.05)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    assert model.tok_embeddings.weight.is_meta
+    model.to_empty(device="cpu")
+    model.init_weights()
+    reference = Decoder(cfg)
+    assert torch.equal(model.rope_cos, reference.rope_cos) and torch.equal(model.rope_sin, reference.rope_sin)
+    assert "rope_cos" not in model.state_dict()
+    out_std = 0.05 / math.sqrt(2 * cfg.n_layers)
+    layer = model.layers[0]
+    assert layer.attention.wq.weight.std().item() == pytest.approx(0.05, rel=0.05)
+    assert layer.feed_forward.w1.weight.std().item() == pytest.approx(0.05, rel=0.05)
+    assert model.tok_embeddings.weight.std().item() == pytest.approx(0.05, rel=0.02)
+    assert layer.attention.wo.weight.std().item() == pytest.approx(out_std, rel=0.05)
+    assert layer.feed_forward.w2.weight.std().item() == pytest.approx(out_std, rel=0.05)
+    assert torch.equal(layer.attention_norm.weight, torch.ones(cfg.d_model))
+    assert torch.equal(model.norm.weight, torch.ones(cfg.d_model))
+    logits = model(torch.randint(0, cfg.vocab_size, (2, 32)))
+    assert torch.isfinite(logits).all()
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(ConfigError, match="multiple of n_kv_heads"):
+        validate(DecoderConfig, dict(SMALL, n_heads=6, n_kv_heads=4))
+    with pytest.raises(ConfigError, match="set head_dim explicitly"):
+        validate(DecoderConfig, dict(SMALL, n_heads=6))
+    with pytest.raises(ConfigError, match="must be even"):
+        validate(DecoderConfig, dict(SMALL, head_dim=15))
+    with pytest.raises(ConfigError, match="did you mean 'n_kv_heads'"):
+        validate(DecoderConfig, dict(SMALL, n_kv_head=2))
+    with pytest.raises(ConfigError, match="rope_scaling.original_max_position_embeddings"):
+        validate(DecoderConfig, dict(SMALL, rope_scaling={**LLAMA3_ROPE, "original_max_position_embeddings": 0}))
+    with pytest.raises(ConfigError, match="high_freq_factor"):
+        validate(DecoderConfig, dict(SMALL, rope_scaling={**LLAMA3_ROPE, "high_freq_factor": 0.5}))
+
+
+def test_registry_and_presets():
+    assert "decoder" in model_names()
+    model = build_model("decoder", load_preset("tiny"))
+    assert isinstance(model, Decoder)
+    with pytest.raises(ConfigError, match="known: decoder"):
+        build_model("no-such-arch", {})
+    with pytest.raises(ConfigError, match="known: .*llama3.2-1b"):
+        load_preset("llama-9000")
+    expected = {"tiny", "llama3.2-1b", "llama3.1-8b", "llama3-8b", "qwen2.5-0.5b", "qwen3-0.6b",
+                "qwen3-1.7b", "smollm2-135m"}
+    assert expected <= set(preset_names())
+    for name in preset_names():
+        validate(DecoderConfig, load_preset(name), source=name)
+
+
+@pytest.mark.parametrize(("name", "known"), [("llama3.2-1b", 1_235_814_400), ("qwen3-0.6b", 596_049_920),
+                                             ("qwen2.5-0.5b", 494_032_768), ("smollm2-135m", 134_515_008)])
+def test_num_params_matches_transformers(name, known):
+    cfg = DecoderConfig(**load_preset(name))
+    arch = hf_architecture(cfg)
+    hf_cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**hf_config_dict(cfg))
+    with torch.device("meta"):
+        hf = getattr(transformers, arch)(hf_cfg)
+        ours = Decoder(cfg)
+    assert cfg.num_params() == sum(p.numel() for p in hf.parameters()) == known
+    assert cfg.num_params() == sum(p.numel() for p in ours.parameters())
+    head = cfg.vocab_size * cfg.d_model
+    assert cfg.num_params(include_embeddings=False) == known - head * (1 if cfg.tie_embeddings else 2)
+
+
+def test_flops_per_token():
+    cfg = DecoderConfig(**load_preset("tiny"))
+    n = cfg.num_params(include_embeddings=False) + cfg.vocab_size * cfg.d_model
+    assert cfg.flops_per_token(512) == 6 * n + 12 * 4 * 4 * 64 * 512
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_chunked_cross_entropy_matches_cross_entropy(ignored):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 50, 32, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(200, 32, generator=g)).requires_grad_()
+    labels = torch.randint(0, 200, (3, 50), generator=g)
+    if ignored:
+        labels[:, :20] = -100
+    loss_sum, n = chunked_cross_entropy(hidden, weight, labels, chunk=32)
+    (loss_sum / n).backward()
+    got = (loss_sum / n, hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    ref = F.cross_entropy((hidden @ weight.T).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    ref.backward()
+    assert n.item() == (labels != -100).sum().item()
+    assert torch.allclose(got[0], ref, atol=1e-5)
+    assert torch.allclose(got[1], hidden.grad, atol=1e-6)
+    assert torch.allclose(got[2], weight.grad, atol=1e-6)
+    if ignored:
+        assert got[1][:, :20].abs().max() == 0
+
+
+def test_chunked_cross_entropy_under_bf16_autocast_and_no_grad():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(64, 32, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(200, 32, generator=g)).requires_grad_()
+    labels = torch.randint(0, 200, (64,), generator=g)
+    ref = F.cross_entropy(hidden @ weight.T, labels, reduction="sum")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_sum, _ = chunked_cross_entropy(hidden, weight, labels, chunk=16)
+    loss_sum.backward()
+    assert loss_sum.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    assert loss_sum.item() == pytest.approx(ref.item(), rel=2e-2)
+    with torch.no_grad():
+        assert chunked_cross_entropy(hidden, weight, labels)[0].item() == pytest.approx(ref.item(), rel=1e-5)
