@@ -14,21 +14,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Scripts in bench/ are named after what they measure (tokenize.py); keep them from shadowing stdlib modules.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+import warnings
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from longboat.data.gpt import GPTDataset, GPTDatasetConfig  # noqa: E402
-from longboat.data.indexed import IndexedDataset, IndexedDatasetWriter  # noqa: E402
+from longboat.data.gpt import GPTDataset, GPTDatasetConfig
+from longboat.data.indexed import IndexedDataset, IndexedDatasetWriter
 
 EOD = 0
 

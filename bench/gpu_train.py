@@ -87,16 +87,18 @@ def main() -> None:
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     tokens_per_s = args.batch * args.seq * runtime.world_size / step_s
-    mfu = tokens_per_s * model_cfg.flops_per_token(args.seq) / (peak_flops(runtime.device, torch.bfloat16)
-                                                               * runtime.world_size)
+    peak = peak_flops(runtime.device, torch.bfloat16) * runtime.world_size
+    mfu = tokens_per_s * model_cfg.flops_per_token(args.seq) / peak
     if runtime.rank == 0:
-        memory = f" · peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if runtime.device.type == "cuda" else ""
+        on_gpu = runtime.device.type == "cuda"
+        memory = f" · peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if on_gpu else ""
         name = "tiny" if args.tiny else args.preset
         print(
             f"{name} ({model_cfg.num_params() / 1e9:.2f}B) · {runtime.world_size} × {runtime.device.type} · "
             f"batch {args.batch} × seq {args.seq} per rank · AC {args.ac} · compile {not args.no_compile}\n"
             f"step {step_s * 1e3:.1f} ms · {tokens_per_s:,.0f} tokens/s · "
-            f"{tokens_per_s / runtime.world_size:,.0f} tokens/s/device · MFU {mfu:.1%} · loss {float(loss):.3f}{memory}",
+            f"{tokens_per_s / runtime.world_size:,.0f} tokens/s/device · MFU {mfu:.1%} · loss {float(loss):.3f}"
+            + memory,
             flush=True,
         )
     dist.barrier()

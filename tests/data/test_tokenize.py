@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
 
 from longboat.cli import data as cli_data
+from longboat.data import tokenize as tokenize_module
 from longboat.data.indexed import IndexedDataset
 from longboat.data.tokenize import tokenize_to_indexed
 from longboat.data.tokenizer import Tokenizer, TokenizerError, train_bpe
@@ -78,6 +79,14 @@ def test_workers_give_identical_files(tmp_path, tok_dir, texts):
         tokenize_to_indexed([src], tok_dir, tmp_path / f"w{w}", workers=w, batch_size=3, progress=False)
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"w1{suffix}").read_bytes() == (tmp_path / f"w2{suffix}").read_bytes()
+
+
+def test_spawned_workers_load_the_tokenizer(tmp_path, tok_dir, texts, monkeypatch):
+    """Where fork is not used (macOS), workers load the tokenizer themselves; same output."""
+    monkeypatch.setattr(tokenize_module, "_start_method", lambda: "spawn")
+    src = _write_jsonl(tmp_path / "in.jsonl", texts[:12])
+    tokenize_to_indexed([src], tok_dir, tmp_path / "out", workers=2, batch_size=2, progress=False)
+    assert _documents(tmp_path / "out") == _expected(tok_dir, texts[:12])
 
 
 def test_mixed_inputs_keep_order(tmp_path, tok_dir, texts):

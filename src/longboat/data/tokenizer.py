@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -110,7 +111,9 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         """Token ids of each text (the backend may use several threads)."""
-        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
+        # encode_batch_fast (tokenizers >= 0.21) skips computing character offsets.
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        encodings = encode(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encodings]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -184,7 +187,8 @@ def train_bpe(
         min_frequency=min_frequency,
         special_tokens=special_tokens,
         initial_alphabet=alphabet,
-        show_progress=show_progress,
+        # The trainer's bars write stray newlines to stdout when it is not a terminal.
+        show_progress=show_progress and sys.stdout.isatty(),
     )
     backend.train_from_iterator(iter_text_batches(paths, text_key=text_key, txt_mode=txt_mode), trainer)
     tok = Tokenizer.from_backend(backend, {"eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN})

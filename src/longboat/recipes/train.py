@@ -90,8 +90,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, tp_plan: dict | None) -> FitRe
     model = parallelize(model, mesh, cfg.parallel, tp_plan, runtime.device)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""
     console.print(
-        f"[bold]{cfg.task}[/] · {resolved.arch} {n_params / 1e6:.1f}M parameters · device {runtime.device}{layout} · "
-        + " · ".join(f"{k} {v}" for k, v in parts.summary.items())
+        f"[bold]{cfg.task}[/] · {resolved.arch} {n_params / 1e6:.1f}M parameters · device {runtime.device}"
+        + layout + " · " + " · ".join(f"{k} {v}" for k, v in parts.summary.items())
     )
     trainer = Trainer(
         cfg.train, cfg.checkpoint, run_dir, model, parts.loss_fn, parts.train, parts.valid,

