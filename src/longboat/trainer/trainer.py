@@ -265,7 +265,7 @@ class Trainer:
         last_train, last_valid, stopped = None, None, False
         progress = Progress(
             BarColumn(bar_width=20), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-            console=console, transient=False, disable=rank() != 0,
+            console=console, transient=False, disable=rank() != 0 or not console.is_terminal,
         )
         try:
             with progress:

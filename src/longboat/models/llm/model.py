@@ -172,7 +172,7 @@ class Decoder(nn.Module):
         self, T: int, positions: torch.Tensor | None, cache: KVCache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if positions is not None:
-            return self.rope_cos[positions], self.rope_sin[positions]  # [B, T, head_dim // 2]
+            return self.rope_cos[positions], self.rope_sin[positions]  # [B, T, head_dim]
         start = cache.length if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence reaches position {start + T}, beyond max_seq_len {self.cfg.max_seq_len}")

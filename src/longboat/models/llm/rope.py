@@ -32,14 +32,21 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 def rope_tables(
     max_len: int, head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position × frequency, each [max_len, head_dim // 2] in fp32."""
+    """cos and sign-folded sin of position × frequency, each [max_len, head_dim] in fp32.
+
+    Dimension i and i + head_dim/2 share a frequency; the sin table is (-sin, sin) so that
+    ``apply_rope`` needs one roll instead of splitting, negating and concatenating halves.
+    """
     inv_freq = inverse_frequencies(head_dim, theta, scaling).to(device)
     angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, T, heads, head_dim] by angles given as cos/sin [T or B×T, head_dim // 2]."""
-    x1, x2 = x.chunk(2, dim=-1)
+    """Rotate x [B, T, heads, head_dim] by tables from ``rope_tables`` indexed to [T or B×T, head_dim].
+
+    With x = (x1, x2): (x1·cos - x2·sin, x2·cos + x1·sin) = x·cos + roll(x, head_dim/2)·(-sin, sin).
+    """
     cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
