@@ -6,6 +6,7 @@ from longboat.config.base import ConfigError
 from longboat.data.gpt import GPTDatasetError
 from longboat.data.indexed import IndexedDataError
 from longboat.data.tokenizer import TokenizerError
+from longboat.models.llm.hf import HFConversionError
 from longboat.trainer.trainer import TrainingError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -15,6 +16,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     TokenizerError,
     CheckpointError,
     ExportError,
+    HFConversionError,
     TrainingError,
     FileNotFoundError,
 )

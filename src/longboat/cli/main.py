@@ -53,6 +53,17 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from longboat.recipes import convert
+
+    if args.direction == "hf-to-longboat":
+        out = convert.hf_to_longboat(args.source, args.output, args.dtype)
+    else:
+        out = convert.longboat_to_hf(args.source, args.output, args.family, args.dtype, args.max_shard_size)
+    print(f"converted to {out}")
+    return 0
+
+
 def _quickstart(args: argparse.Namespace) -> int:
     from longboat.recipes import quickstart
 
@@ -99,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")
     p.add_argument("--output", required=True)
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("convert", help="convert a Hugging Face checkpoint to a longboat export, or back")
+    p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf"])
+    p.add_argument("source", help="HF directory (hf-to-longboat); export, run dir or checkpoint (longboat-to-hf)")
+    p.add_argument("output", help="directory to write")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weight dtype to write (default: keep the source's)")
+    p.add_argument("--family", default=None,
+                   help="HF model_type to write (longboat-to-hf; default: the source's, else implied by the config)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (longboat-to-hf)")
+    p.set_defaults(func=_convert)
 
     p = sub.add_parser("quickstart", help="train a small model on Shakespeare and print a sample (~5 minutes)")
     p.add_argument("--run-dir", default="runs/quickstart")

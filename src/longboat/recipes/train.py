@@ -95,7 +95,7 @@ def _run(resolved: ResolvedRun, runtime: Runtime, tp_plan: dict | None) -> FitRe
     )
     trainer = Trainer(
         cfg.train, cfg.checkpoint, run_dir, model, parts.loss_fn, parts.train, parts.valid,
-        flops_per_unit=parts.flops_per_unit, dp=dp, device=runtime.device,
+        flops_per_unit=parts.flops_per_unit, dp=dp, device=runtime.device, after_step=parts.after_step,
     )
     result = trainer.fit()
     if cfg.checkpoint.export and not result.stopped_by_signal:

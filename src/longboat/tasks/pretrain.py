@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.indexed import IndexedDataset, index_path, strip_suffix
 from longboat.data.tokenizer import Tokenizer
+from longboat.models.moe import MoE
 from longboat.tasks.registry import TaskParts, register_task
 from longboat.trainer.trainer import LossFn, LossOutput
 
@@ -45,8 +46,30 @@ class PretrainDataConfig(StrictModel):
         return v
 
 
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder inside a DistributedDataParallel wrapper (FSDP2 keeps the model's own class)."""
+    return getattr(model, "module", model)
+
+
+def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Load-balance statistics of one forward: the worst layer's busiest and idlest expert relative to the
+    mean load (1 and 1 when balanced) and the fraction of routed token copies dropped by capacity."""
+    load = aux["load"]  # [n_moe_layers, n_experts]
+    mean = load.mean(dim=1).clamp(min=1e-9)
+    return {
+        "moe_aux_loss": aux["loss"].detach(),
+        "moe_load_max": (load.max(dim=1).values / mean).max(),
+        "moe_load_min": (load.min(dim=1).values / mean).min(),
+        "moe_dropped": aux["dropped"].sum() / load.sum().clamp(min=1),
+    }
+
+
 def make_lm_loss(use_position_ids: bool) -> LossFn:
-    """Summed next-token cross-entropy over pre-shifted labels (-100 ignored)."""
+    """Summed next-token cross-entropy over pre-shifted labels (-100 ignored), plus MoE aux losses in training.
+
+    The trainer divides the sum by the global token count, so the aux loss enters as ``aux * local_count``:
+    after normalisation it is the token-weighted mean of the micro-batches' aux losses.
+    """
 
     def lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         # Default positions (0..T-1) are computed inside the model; pass ids only when they reset at EOD.
@@ -55,9 +78,21 @@ def make_lm_loss(use_position_ids: bool) -> LossFn:
         loss_sum = F.cross_entropy(
             logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
         )
-        return LossOutput(loss_sum, (labels != IGNORE_INDEX).sum(), labels.numel())
+        count = (labels != IGNORE_INDEX).sum()
+        moe_aux = getattr(_unwrap(model), "moe_aux", None)
+        aux = moe_aux() if moe_aux is not None and model.training else None
+        if aux is None:
+            return LossOutput(loss_sum, count, labels.numel())
+        return LossOutput(loss_sum + aux["loss"] * count, count, labels.numel(), moe_metrics(aux))
 
     return lm_loss
+
+
+def update_expert_biases(model: torch.nn.Module, group=None) -> None:
+    """After an optimizer step: move every bias-balanced MoE router towards equal load (DeepSeek-V3)."""
+    for module in model.modules():
+        if isinstance(module, MoE) and module.cfg.use_expert_bias:
+            module.update_expert_bias(group=group)
 
 
 def check_inputs(cfg: PretrainDataConfig, model_vocab: int) -> Tokenizer:
@@ -108,4 +143,5 @@ def build_pretrain(data: PretrainDataConfig, model_cfg, trainer_cfg, seed: int, 
         flops_per_unit=float(model_cfg.flops_per_token(data.seq_len)),
         tokenizer_dir=Path(data.tokenizer),
         summary={"train_samples": n_train, "valid_samples": n_valid, "global_batch": global_batch},
+        after_step=update_expert_biases if getattr(getattr(model_cfg, "moe", None), "use_expert_bias", False) else None,
     )

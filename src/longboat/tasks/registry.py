@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch.distributed as dist
+from torch import nn
 from torch.utils.data import Dataset
 
 from longboat.config.base import ConfigError, StrictModel
@@ -20,6 +22,8 @@ class TaskParts:
     flops_per_unit: float | None = None
     tokenizer_dir: Path | None = None
     summary: dict = field(default_factory=dict)
+    # Called by the trainer after each optimizer step with (model, data-parallel group), e.g. MoE bias updates.
+    after_step: Callable[[nn.Module, dist.ProcessGroup | None], None] | None = None
 
 
 @dataclass

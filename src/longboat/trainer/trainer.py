@@ -44,6 +44,7 @@ class LossOutput:
     loss_sum: torch.Tensor  # sum of per-item losses in the micro-batch
     count: torch.Tensor | int  # items the sum is over (non-ignored tokens, samples, ...)
     units: int  # inputs processed, for throughput (tokens for LMs, samples for policies)
+    metrics: dict[str, float] | None = None  # extra floats to log, averaged over the step's micro-batches
 
 
 class LossFn(Protocol):
@@ -100,6 +101,7 @@ class Trainer:
         dp: DataParallel | None = None,
         device: torch.device | None = None,
         on_checkpoint: Callable[[Path], None] | None = None,
+        after_step: Callable[[nn.Module, dist.ProcessGroup | None], None] | None = None,
     ):
         self.cfg, self.ckpt_cfg = cfg, checkpoint
         self.run_dir = Path(run_dir)
@@ -110,6 +112,7 @@ class Trainer:
         self.valid_data = valid_data
         self.flops_per_unit = flops_per_unit
         self.on_checkpoint = on_checkpoint
+        self.after_step = after_step  # called with (model, data-parallel group) after each optimizer step
         self.optimizer = build_optimizer(model, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.steps, cfg.schedule)
         self.loader = ResumableLoader(
@@ -167,6 +170,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         units = 0
+        extra: dict[str, float] = {}
         for _ in range(self.cfg.grad_accum):
             batch = _to_device(next(self.loader), self.device)
             with self._autocast:
@@ -175,6 +179,8 @@ class Trainer:
             loss_sum += out.loss_sum.detach().double()
             count += out.count
             units += out.units
+            for k, v in (out.metrics or {}).items():
+                extra[k] = extra.get(k, 0.0) + float(v) / self.cfg.grad_accum
         totals = self._all_reduce(torch.stack([loss_sum, count]))
         global_count = max(totals[1].item(), 1.0)
         # Gradients hold the sum over this rank's items, averaged over replicas by DDP/FSDP; rescale them to
@@ -192,6 +198,8 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         if finite:
             self.optimizer.step()
+            if self.after_step is not None:
+                self.after_step(self.model, self.dp.group)
             self._consecutive_nonfinite = 0
         else:
             self.skipped_steps += 1
@@ -213,6 +221,7 @@ class Trainer:
             "grad_norm": float(grad_norm),
             "units": units * self.dp.size,
             "skipped": 0 if finite else 1,
+            **extra,
         }
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Decoder-only LLM config: the hyperparameters of a Llama / Qwen2 / Qwen3 style transformer."""
+"""Decoder-only LLM config: Llama / Qwen2 / Qwen3 dense transformers, plus mixture-of-experts feed-forwards
+(Mixtral, Qwen3-MoE, DeepSeek-V3) and DeepSeek multi-head latent attention."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from longboat.config.base import StrictModel
+from longboat.models.moe.config import MoEConfig
 
 
 class RopeScaling(StrictModel):
@@ -29,7 +31,7 @@ class RopeScaling(StrictModel):
 
 
 class DecoderConfig(StrictModel):
-    """Pre-norm decoder with RoPE, grouped-query attention and a SwiGLU MLP."""
+    """Pre-norm decoder with RoPE, grouped-query (or latent) attention and a SwiGLU (or MoE) feed-forward."""
 
     vocab_size: int = Field(gt=0)
     d_model: int = Field(gt=0)
@@ -47,8 +49,44 @@ class DecoderConfig(StrictModel):
     tie_embeddings: bool = False
     init_std: float = Field(default=0.02, gt=0)
 
+    # Mixture of experts: every layer not listed in dense_layers uses ``moe`` instead of a dense SwiGLU of
+    # width ffn_dim (DeepSeek's first_k_dense_replace = [0..k-1]; Qwen3-MoE's mlp_only_layers).
+    moe: MoEConfig | None = None
+    dense_layers: list[int] = Field(default_factory=list)
+
+    # Multi-head latent attention (DeepSeek-V2/V3): "mla" replaces wq/wk/wv with low-rank projections and
+    # ignores n_kv_heads, head_dim, qkv_bias and qk_norm.
+    attention: Literal["gqa", "mla"] = "gqa"
+    q_lora_rank: int | None = Field(default=None, gt=0)  # None: a plain full-rank query projection
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    qk_nope_head_dim: int | None = Field(default=None, gt=0)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    v_head_dim: int | None = Field(default=None, gt=0)
+    rope_interleave: bool = True  # DeepSeek checkpoints rotate adjacent pairs (2i, 2i+1) of the rope part
+
     @model_validator(mode="after")
     def _check(self) -> DecoderConfig:
+        if self.moe is not None and self.moe.d_model != self.d_model:
+            raise ValueError(f"moe.d_model ({self.moe.d_model}) must equal d_model ({self.d_model})")
+        bad = [i for i in self.dense_layers if not 0 <= i < self.n_layers]
+        if bad:
+            raise ValueError(f"dense_layers {bad} are outside the {self.n_layers} layers (0..{self.n_layers - 1})")
+        if self.dense_layers and self.moe is None:
+            raise ValueError("dense_layers is set but moe is not: every layer is already dense")
+        if self.attention == "mla":
+            missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                       if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"attention='mla' needs {', '.join(missing)}")
+            if self.qk_rope_head_dim % 2:
+                raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even for rotary embeddings")
+            if self.qkv_bias or self.qk_norm:
+                raise ValueError("qkv_bias and qk_norm are grouped-query attention options; MLA has neither")
+            return self
+        mla_only = [k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                    if getattr(self, k) is not None]
+        if mla_only:
+            raise ValueError(f"{', '.join(mla_only)} only apply with attention='mla'")
         if self.n_heads % self.kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads}): "
@@ -73,23 +111,56 @@ class DecoderConfig(StrictModel):
         """Per-head dimension with the default resolved."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
-    def num_params(self, include_embeddings: bool = True) -> int:
-        """Parameter count computed from the config alone; without embeddings excludes the token
-        table and the output head (counted once when tied)."""
-        d, hd, h, kv = self.d_model, self.head_size, self.n_heads, self.kv_heads
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotated part of each query/key head."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer not in self.dense_layers
+
+    def _attention_params(self) -> int:
+        d, h = self.d_model, self.n_heads
+        if self.attention == "mla":
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            r = self.q_lora_rank
+            q = d * h * qk if r is None else d * r + r + r * h * qk  # q_a_proj, q_a_layernorm, q_b_proj
+            kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+            kv += self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + h * self.v_head_dim * d
+        hd, kv = self.head_size, self.kv_heads
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
         if self.qkv_bias:
             attn += h * hd + 2 * kv * hd
         if self.qk_norm:
             attn += 2 * hd
-        block = attn + 3 * d * self.ffn_dim + 2 * d
-        body = self.n_layers * block + d
+        return attn
+
+    def _moe_params(self, active: bool) -> int:
+        m, d = self.moe, self.d_model
+        routed = (m.top_k if active else m.n_experts) * 3 * d * m.expert_ffn_dim
+        return d * m.n_experts + routed + 3 * d * m.shared_dim + (d if m.shared_expert_gate else 0)
+
+    def num_params(self, include_embeddings: bool = True, active: bool = False) -> int:
+        """Parameter count computed from the config alone; without embeddings excludes the token
+        table and the output head (counted once when tied). ``active``: only the experts one token uses."""
+        d = self.d_model
+        body = d
+        for i in range(self.n_layers):
+            ffn = self._moe_params(active) if self.is_moe_layer(i) else 3 * d * self.ffn_dim
+            body += self._attention_params() + ffn + 2 * d
         if not include_embeddings:
             return body
         tables = 1 if self.tie_embeddings else 2
         return body + tables * self.vocab_size * d
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6·(non-embedding params + output head) + 12·L·H·d_head·S."""
-        n = self.num_params(include_embeddings=False) + self.vocab_size * self.d_model
+        """Training FLOPs per token: 6·(active non-embedding params + output head) + 12·L·H·d_head·S.
+
+        With MLA the score and value products have different widths: 6·L·H·(d_qk + d_v)·S.
+        """
+        n = self.num_params(include_embeddings=False, active=True) + self.vocab_size * self.d_model
+        if self.attention == "mla":
+            width = self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim
+            return 6 * n + 6 * self.n_layers * self.n_heads * width * seq_len
         return 6 * n + 12 * self.n_layers * self.n_heads * self.head_size * seq_len

@@ -1,8 +1,10 @@
-"""Decoder-only transformer (Llama 3 / Qwen2 / Qwen3 family) as plain single-device PyTorch.
+"""Decoder-only transformer (Llama 3 / Qwen2 / Qwen3, Mixtral / Qwen3-MoE, DeepSeek-V3) as plain single-device PyTorch.
 
-x = x + Attention(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)); logits = output(RMSNorm(x)).
-Module names follow torchtitan so tensor-parallel plans and checkpoint adapters are plain name maps.
-The model never shifts labels and never computes a loss.
+x = x + Attention(RMSNorm(x)); x = x + FFN(RMSNorm(x)); logits = output(RMSNorm(x)).
+Attention is grouped-query or multi-head latent (``mla.py``); FFN is a SwiGLU or a mixture of experts
+(``longboat.models.moe``). Module names follow torchtitan so tensor-parallel plans and checkpoint adapters are
+plain name maps. The model never shifts labels and never computes a loss; MoE auxiliary losses of the last
+forward are read with ``Decoder.moe_aux()``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from torch import nn
 
 from longboat.models.llm.cache import KVCache
 from longboat.models.llm.config import DecoderConfig
+from longboat.models.llm.mla import LatentCache, MultiHeadLatentAttention
 from longboat.models.llm.rope import apply_rope, rope_tables
+from longboat.models.moe import MoE
 from longboat.models.registry import register_model
 
 
@@ -95,20 +99,25 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer layer."""
+    """One pre-norm transformer layer; on MoE layers ``aux`` holds the router's aux dict of the last forward."""
 
     def __init__(self, cfg: DecoderConfig, layer_id: int):
         super().__init__()
         self.attention_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attention = Attention(cfg, layer_id)
+        self.attention = MultiHeadLatentAttention(cfg, layer_id) if cfg.attention == "mla" else Attention(cfg, layer_id)
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.ffn_dim)
+        self.is_moe = cfg.is_moe_layer(layer_id)
+        self.feed_forward = MoE(cfg.moe) if self.is_moe else FeedForward(cfg.d_model, cfg.ffn_dim)
+        self.aux: dict[str, torch.Tensor] | None = None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | LatentCache | None = None
     ) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, cache)
-        return x + self.feed_forward(self.ffn_norm(x))
+        if not self.is_moe:
+            return x + self.feed_forward(self.ffn_norm(x))
+        y, self.aux = self.feed_forward(self.ffn_norm(x))
+        return x + y
 
     def init_weights(self, std: float, out_std: float) -> None:
         self.attention_norm.reset_parameters()
@@ -130,7 +139,7 @@ class Decoder(nn.Module):
         # Tied: the head reads tok_embeddings.weight directly, so there is one parameter and
         # nothing to re-tie after to_empty() or checkpoint loading.
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
@@ -153,23 +162,43 @@ class Decoder(nn.Module):
             nn.init.normal_(self.output.weight, std=std)
         cfg, device = self.cfg, self.rope_cos.device
         self.rope_cos, self.rope_sin = rope_tables(
-            cfg.max_seq_len, cfg.head_size, cfg.rope_theta, cfg.rope_scaling, device=device
+            cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, device=device
         )
 
     def make_cache(
         self, batch: int, max_len: int, dtype: torch.dtype | None = None, device: torch.device | None = None
-    ) -> KVCache:
+    ) -> KVCache | LatentCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` positions."""
         if max_len > self.cfg.max_seq_len:
             raise ValueError(f"cache of {max_len} positions exceeds max_seq_len {self.cfg.max_seq_len}")
         ref = self.tok_embeddings.weight
+        if self.cfg.attention == "mla":
+            return LatentCache(
+                self.cfg.n_layers, batch, max_len, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim,
+                dtype=dtype or ref.dtype, device=device or ref.device,
+            )
         return KVCache(
             self.cfg.n_layers, batch, self.cfg.kv_heads, max_len, self.cfg.head_size,
             dtype=dtype or ref.dtype, device=device or ref.device,
         )
 
+    def moe_aux(self) -> dict[str, torch.Tensor] | None:
+        """MoE statistics of the last forward, or None for a dense model.
+
+        ``loss``: the sum over MoE layers of their weighted aux losses (add it to the training loss);
+        ``load`` and ``dropped``: routed and dropped token copies per expert, [n_moe_layers, n_experts].
+        """
+        auxes = [layer.aux for layer in self.layers if layer.is_moe and layer.aux is not None]
+        if not auxes:
+            return None
+        return {
+            "loss": torch.stack([a["loss"] for a in auxes]).sum(),
+            "load": torch.stack([a["load"] for a in auxes]),
+            "dropped": torch.stack([a["dropped"] for a in auxes]),
+        }
+
     def _rope(
-        self, T: int, positions: torch.Tensor | None, cache: KVCache | None
+        self, T: int, positions: torch.Tensor | None, cache: KVCache | LatentCache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if positions is not None:
             return self.rope_cos[positions], self.rope_sin[positions]  # [B, T, head_dim]
@@ -179,7 +208,7 @@ class Decoder(nn.Module):
         return self.rope_cos[start : start + T], self.rope_sin[start : start + T]
 
     def hidden_states(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
@@ -194,6 +223,6 @@ class Decoder(nn.Module):
         return self.norm(h)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None
     ) -> torch.Tensor:
         return F.linear(self.hidden_states(tokens, positions, cache), self.output_weight)

@@ -28,6 +28,13 @@ from longboat.models.llm.config import DecoderConfig
 
 def check_tensor_parallel(cfg: DecoderConfig, tp: int) -> None:
     """Each TP rank must hold whole query and key/value heads."""
+    if tp > 1 and (cfg.moe is not None or cfg.attention == "mla"):
+        # Experts would need expert parallelism (an ep mesh axis) and MLA a plan for its latent projections.
+        raise ConfigError(
+            f"parallel.tp={tp}: tensor parallelism supports dense grouped-query decoders only; this model has "
+            + ("mixture-of-experts layers" if cfg.moe is not None else "multi-head latent attention")
+            + " (use tp=1 with FSDP/DDP)"
+        )
     if tp > 1 and (cfg.n_heads % tp or cfg.kv_heads % tp):
         raise ConfigError(
             f"parallel.tp={tp} must divide the model's n_heads ({cfg.n_heads}) and n_kv_heads ({cfg.kv_heads}) "

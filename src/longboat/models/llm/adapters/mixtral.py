@@ -1,0 +1,119 @@
+"""Mixtral checkpoints (softmax top-k experts in every layer), and the expert stacking MoE families share.
+
+Checkpoints store one tensor per expert (``experts.{j}.w1.weight``, or ``gate_proj``/``up_proj``/``down_proj``);
+ours are stacked [E, ...] per projection. transformers v5 modules fuse them into ``experts.gate_up_proj``
+[E, 2·ffn, d] and ``experts.down_proj`` [E, d, ffn]; imports accept that layout too, exports write per-expert
+tensors, which is what transformers reads and writes on disk.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from longboat.models.llm.adapters.llama import DENSE_NAMES, DenseAdapter
+from longboat.models.llm.hf import HFConversionError, NameMap, register_hf_adapter
+
+OURS = {"w1": "w1", "w2": "w2", "w3": "w3"}  # our stacked projections: gate, down, up
+
+
+class MoEAdapter(DenseAdapter):
+    """A dense adapter whose MoE layers keep their experts as per-expert tensors under ``{block}.experts.{j}``."""
+
+    moe_block = "mlp"  # HF module holding router and experts
+    expert_proj = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}  # ours -> HF per-expert name
+
+    def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+        block = re.escape(self.moe_block)
+        per_expert = re.compile(rf"model\.layers\.(\d+)\.{block}\.experts\.(\d+)\.(\w+)\.weight")
+        fused = re.compile(rf"model\.layers\.(\d+)\.{block}\.experts\.(gate_up_proj|down_proj)")
+        to_ours = {hf: ours for ours, hf in self.expert_proj.items()}
+        parts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+        rest, out = {}, {}
+        for name, value in sd.items():
+            if (m := per_expert.fullmatch(name)) and m.group(3) in to_ours:
+                parts.setdefault((int(m.group(1)), to_ours[m.group(3)]), {})[int(m.group(2))] = value
+            elif m := fused.fullmatch(name):
+                prefix = f"layers.{m.group(1)}.feed_forward.experts"
+                if m.group(2) == "down_proj":
+                    out[f"{prefix}.w2"] = value
+                else:
+                    out[f"{prefix}.w1"], out[f"{prefix}.w3"] = value.chunk(2, dim=1)
+            else:
+                rest[name] = value
+        for (layer, proj), experts in parts.items():
+            if sorted(experts) != list(range(len(experts))):
+                raise HFConversionError(f"layer {layer}: experts {sorted(experts)} of {proj} are not 0..n-1")
+            out[f"layers.{layer}.feed_forward.experts.{proj}"] = torch.stack([experts[j] for j in sorted(experts)])
+        return out | super().state_dict_from_hf(rest, cfg)
+
+    def state_dict_to_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+        stacked = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(w[123])")
+        rest, out = {}, {}
+        for name, value in sd.items():
+            if m := stacked.fullmatch(name):
+                prefix = f"model.layers.{m.group(1)}.{self.moe_block}.experts"
+                for j, w in enumerate(value.unbind(0)):
+                    out[f"{prefix}.{j}.{self.expert_proj[m.group(2)]}.weight"] = w
+            else:
+                rest[name] = value
+        return out | super().state_dict_to_hf(rest, cfg)
+
+    def _require_moe(self, cfg, **expected) -> None:
+        """Fail when ``cfg`` has no MoE or its routing differs from what the family computes."""
+        if cfg.moe is None:
+            raise HFConversionError(f"{self.model_type} is a mixture-of-experts family; this model has no moe")
+        wrong = [f"{k}={getattr(cfg.moe, k)!r} (needs {v!r})" for k, v in expected.items() if getattr(cfg.moe, k) != v]
+        if wrong:
+            raise HFConversionError(f"{self.model_type} cannot represent moe.{', moe.'.join(wrong)}")
+
+
+def moe_names(block: str, shared: bool = False) -> list[tuple[str, str]]:
+    """Router (and shared expert) names of an MoE layer whose HF module is ``model.layers.{i}.<block>``."""
+    hf, ours = f"model.layers.{{i}}.{block}", "layers.{i}.feed_forward"
+    pairs = [(f"{hf}.gate.weight", f"{ours}.router.weight")]
+    if shared:
+        pairs += [
+            (f"{hf}.gate.e_score_correction_bias", f"{ours}.router.expert_bias"),
+            (f"{hf}.shared_experts.gate_proj.weight", f"{ours}.shared_experts.w1.weight"),
+            (f"{hf}.shared_experts.down_proj.weight", f"{ours}.shared_experts.w2.weight"),
+            (f"{hf}.shared_experts.up_proj.weight", f"{ours}.shared_experts.w3.weight"),
+        ]
+    return pairs
+
+
+@register_hf_adapter("mixtral")
+class MixtralAdapter(MoEAdapter):
+    architecture = "MixtralForCausalLM"
+    moe_block = "block_sparse_moe"
+    expert_proj = OURS
+    names = NameMap(DENSE_NAMES.pairs + moe_names("block_sparse_moe"))
+
+    def config_from_hf(self, hf: dict) -> dict:
+        out = super().config_from_hf(hf)
+        # As for Mistral: the decoder attends to the whole prefix, so cap max_seq_len at the window.
+        window = hf.get("sliding_window")
+        if window is not None and window < out["max_seq_len"]:
+            out["max_seq_len"] = window
+        out["moe"] = {
+            "d_model": hf["hidden_size"], "n_experts": hf["num_local_experts"], "top_k": hf["num_experts_per_tok"],
+            "expert_ffn_dim": hf["intermediate_size"], "score_func": "softmax", "norm_topk_prob": True,
+            "router_dtype": "input",
+        }
+        return out
+
+    def config_to_hf(self, cfg) -> dict:
+        if cfg.attention != "gqa":
+            raise HFConversionError("mixtral has grouped-query attention; this model has attention='mla'")
+        self._require(cfg, qkv_bias=False, qk_norm=False)
+        self._require_moe(cfg, score_func="softmax", norm_topk_prob=True, n_shared_experts=0, n_groups=1,
+                          routed_scaling_factor=1.0, use_expert_bias=False)
+        if cfg.dense_layers:
+            raise HFConversionError(f"mixtral has experts in every layer; dense_layers={cfg.dense_layers}")
+        out = super().config_to_hf(cfg)
+        return out | {"intermediate_size": cfg.moe.expert_ffn_dim, "num_local_experts": cfg.moe.n_experts,
+                      "num_experts_per_tok": cfg.moe.top_k, "sliding_window": None}
+
+    def default_for(self, cfg) -> bool:
+        return cfg.moe is not None and cfg.attention == "gqa" and not cfg.qk_norm and not cfg.qkv_bias

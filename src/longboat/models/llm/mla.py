@@ -1,0 +1,128 @@
+"""Multi-head latent attention (DeepSeek-V2 / V3) and its cache of compressed keys and values.
+
+Keys and values come from one low-rank latent c_kv = RMSNorm(W_kv_a x) shared by all heads; each head expands
+it with kv_b_proj into a "nope" key part and a value. Positions enter only through a small extra key part k_pe
+(one per token, shared by all heads) and the matching query part, both rotated with RoPE. The cache holds
+c_kv and the rotated k_pe, kv_lora_rank + qk_rope_head_dim numbers per token and layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longboat.models.llm.config import DecoderConfig
+from longboat.models.llm.rope import apply_rope
+
+# DeepSeek's reference code builds the latent norms with a fixed eps, independent of rms_norm_eps.
+LATENT_NORM_EPS = 1e-6
+
+
+class LatentCache:
+    """Per-layer latents c_kv [B, max_len, kv_lora_rank] and rotated k_pe [B, max_len, rope_dim].
+
+    Same protocol as ``KVCache``: layers write at ``length``, the model calls ``advance`` once per forward.
+    """
+
+    def __init__(
+        self, n_layers: int, batch: int, max_len: int, kv_rank: int, rope_dim: int,
+        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+    ):
+        self.c_kv = torch.zeros(n_layers, batch, max_len, kv_rank, dtype=dtype, device=device)
+        self.k_pe = torch.zeros(n_layers, batch, max_len, rope_dim, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.c_kv.shape[2]
+
+    def update(self, layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write c_kv [B, T, rank] and k_pe [B, T, rope_dim] after the filled part; return everything so far."""
+        end = self.length + c_kv.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions needed, cache holds {self.max_len}")
+        self.c_kv[layer, :, self.length : end] = c_kv
+        self.k_pe[layer, :, self.length : end] = k_pe
+        return self.c_kv[layer, :, :end], self.k_pe[layer, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...): pairs (2i, 2i+1) become (i, i + d/2).
+
+    Applied to the rope parts of both q and k it turns DeepSeek's pairwise rotation into the rotate-half form
+    of ``apply_rope``; q·k is unchanged by the common permutation.
+    """
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """MLA: low-rank queries (optional), a shared compressed key/value latent and a decoupled RoPE key."""
+
+    def __init__(self, cfg: DecoderConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads = h = cfg.n_heads
+        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_rank = cfg.kv_lora_rank
+        self.interleaved = cfg.rope_interleave
+        qk_dim = self.nope_dim + self.rope_dim
+        self.scale = qk_dim**-0.5
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.d_model, h * qk_dim, bias=False)
+            self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
+        else:
+            self.q_proj = None
+            self.q_a_proj = nn.Linear(cfg.d_model, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = nn.RMSNorm(cfg.q_lora_rank, eps=LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.d_model, self.kv_rank + self.rope_dim, bias=False)
+        self.kv_a_layernorm = nn.RMSNorm(self.kv_rank, eps=LATENT_NORM_EPS)
+        self.kv_b_proj = nn.Linear(self.kv_rank, h * (self.nope_dim + self.v_dim), bias=False)
+        self.wo = nn.Linear(h * self.v_dim, cfg.d_model, bias=False)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(deinterleave(x) if self.interleaved else x, cos, sin)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LatentCache | None = None
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(B, T, self.n_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        q_pe = self._rope(q_pe, cos, sin)
+
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        k_pe = self._rope(k_pe.unsqueeze(2), cos, sin).squeeze(2)  # one rotated key part per token
+
+        mask, causal = None, T > 1
+        if cache is not None:
+            start = cache.length
+            c_kv, k_pe = cache.update(self.layer_id, c_kv, k_pe)
+            if start > 0 and T > 1:
+                rows = torch.arange(start, start + T, device=x.device)[:, None]
+                mask, causal = torch.arange(start + T, device=x.device)[None, :] <= rows, False
+        S = c_kv.shape[1]
+        # Expand the latent of every visible position into per-head keys and values.
+        k_nope, v = self.kv_b_proj(c_kv).view(B, S, self.n_heads, -1).split([self.nope_dim, self.v_dim], dim=-1)
+        k = torch.cat((k_nope, k_pe.unsqueeze(2).expand(B, S, self.n_heads, self.rope_dim)), dim=-1)
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, len, dim]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        for lin in (self.q_proj, self.q_a_proj, self.q_b_proj, self.kv_a_proj_with_mqa, self.kv_b_proj):
+            if lin is not None:
+                nn.init.normal_(lin.weight, std=std)
+        for norm in (self.q_a_layernorm, self.kv_a_layernorm):
+            if norm is not None:
+                norm.reset_parameters()
+        nn.init.normal_(self.wo.weight, std=out_std)

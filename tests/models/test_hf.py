@@ -1,0 +1,171 @@
+"""HF checkpoints in and out: logits parity with transformers both ways, sharding, dtype, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from longboat.models.llm.hf import HFConversionError, hf_families, load_hf_model, save_hf_model
+
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+            max_position_embeddings=128, rms_norm_eps=1e-6)
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=4.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=32)
+CASES = {  # name: (model_type, config kwargs)
+    "llama2-mha-untied": ("llama", dict(BASE, num_key_value_heads=4)),
+    "llama3-gqa2-tied-scaled": ("llama", dict(BASE, num_key_value_heads=2, tie_word_embeddings=True,
+                                              rope_parameters=LLAMA3_ROPE)),
+    "mistral-mqa-untied": ("mistral", dict(BASE, num_key_value_heads=1, head_dim=16, sliding_window=4096)),
+    "qwen2-bias-gqa2-tied": ("qwen2", dict(BASE, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3-qknorm-wide-heads": ("qwen3", dict(BASE, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False)),
+}
+TOKENS = torch.randint(0, 256, (2, 80), generator=torch.Generator().manual_seed(1))  # 80 > 32: scaled RoPE
+
+
+def make_hf(model_type: str, kwargs: dict, seed: int = 0):
+    """A random transformers model with weights perturbed away from their trivial init."""
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    return model
+
+
+def hf_logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(TOKENS).logits
+
+
+def save_hf(tmp_path: Path, case: str, **save_kwargs) -> tuple[Path, torch.Tensor]:
+    model = make_hf(*CASES[case])
+    out = tmp_path / "hf"
+    model.save_pretrained(out, **save_kwargs)
+    return out, hf_logits(model)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_and_export_match_transformers(case, tmp_path):
+    src, expected = save_hf(tmp_path, case)
+    ours, cfg, family = load_hf_model(src)
+    assert family == CASES[case][0] and cfg.tie_embeddings == CASES[case][1].get("tie_word_embeddings", False)
+    with torch.no_grad():
+        got = ours(TOKENS)
+    assert expected.abs().mean() > 0.1
+    assert (got - expected).abs().max().item() <= 1e-4
+
+    out = save_hf_model(ours, family, tmp_path / "out", max_shard_size="40KB")
+    assert (out / "model.safetensors.index.json").is_file()  # several shards
+    names = set(json.loads((out / "model.safetensors.index.json").read_text())["weight_map"])
+    assert ("lm_head.weight" in names) != cfg.tie_embeddings
+    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(back).__name__ == json.loads((out / "config.json").read_text())["architectures"][0]
+    assert (hf_logits(back) - got).abs().max().item() <= 1e-4
+
+
+def test_sharded_hf_input_and_dtype(tmp_path):
+    src, expected = save_hf(tmp_path, "qwen2-bias-gqa2-tied", max_shard_size="40KB")
+    assert (src / "model.safetensors.index.json").is_file()
+    ours, _, _ = load_hf_model(src)
+    with torch.no_grad():
+        assert (ours(TOKENS) - expected).abs().max().item() <= 1e-4
+    half, _, _ = load_hf_model(src, dtype="bfloat16")
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    out = save_hf_model(half, "qwen2", tmp_path / "bf16")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.bfloat16}
+    again, _, _ = load_hf_model(out)  # stored dtype preserved
+    assert {p.dtype for p in again.parameters()} == {torch.bfloat16}
+
+
+def test_mistral_window_caps_sequence_length(tmp_path):
+    model = make_hf("mistral", dict(BASE, num_key_value_heads=2, sliding_window=64))
+    model.save_pretrained(tmp_path)
+    ours, cfg, _ = load_hf_model(tmp_path)
+    assert cfg.max_seq_len == 64
+    tokens = TOKENS[:, :64]
+    with torch.no_grad():
+        assert (ours(tokens) - model(tokens).logits).abs().max().item() <= 1e-4
+
+
+def test_tokenizer_and_generation_config_carried(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    src, _ = save_hf(tmp_path, "llama2-mha-untied")
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "a": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    (src / "generation_config.json").unlink(missing_ok=True)
+    ours, _, family = load_hf_model(src)
+    out = save_hf_model(ours, family, tmp_path / "out", tokenizer_dir=src)
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": 0, "eos_token_id": 1}
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 1
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+
+
+def _edit_config(path: Path, **changes) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_bad_directories(tmp_path):
+    with pytest.raises(HFConversionError, match="no config.json"):
+        load_hf_model(tmp_path)
+    src, _ = save_hf(tmp_path, "llama2-mha-untied")
+    _edit_config(src, model_type="gpt2")
+    with pytest.raises(HFConversionError, match="unknown HF model_type 'gpt2'; known: .*llama.*qwen3"):
+        load_hf_model(src)
+    assert {"llama", "mistral", "qwen2", "qwen3"} <= set(hf_families())
+
+
+def test_missing_extra_and_misshapen_tensors(tmp_path):
+    src, _ = save_hf(tmp_path, "llama2-mha-untied")
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "model.layers.1.mlp.up_proj.weight"},
+              src / "model.safetensors")
+    with pytest.raises(HFConversionError, match=r"missing tensors \[model.layers.1.mlp.up_proj.weight\]"):
+        load_hf_model(src)
+    save_file({**weights, "model.layers.0.extra.weight": torch.zeros(2)}, src / "model.safetensors")
+    with pytest.raises(HFConversionError, match=r"unexpected tensors \[model.layers.0.extra.weight\]"):
+        load_hf_model(src)
+    save_file(weights, src / "model.safetensors")
+    _edit_config(src, intermediate_size=128)
+    with pytest.raises(HFConversionError, match=r"shape mismatch: model.layers.0.mlp.gate_proj.weight: "
+                                                r"checkpoint \(96, 64\), config.json implies \(128, 64\)"):
+        load_hf_model(src)
+
+
+@pytest.mark.parametrize("model_type, change, message", [
+    ("llama", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=2.0)), "rope_type 'yarn'"),
+    ("llama", dict(rope_scaling=dict(type="dynamic", factor=2.0), rope_parameters=None), "rope_type 'dynamic'"),
+    ("llama", dict(attention_bias=True), "attention_bias=True"),
+    ("llama", dict(mlp_bias=True), "mlp_bias=True"),
+    ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("qwen2", dict(head_dim=32), "head_dim=32"),
+    ("qwen2", dict(use_sliding_window=True), "use_sliding_window=True"),
+])
+def test_unsupported_options_are_named(tmp_path, model_type, change, message):
+    src, _ = save_hf(tmp_path, {"llama": "llama2-mha-untied", "qwen2": "qwen2-bias-gqa2-tied"}[model_type])
+    _edit_config(src, **change)
+    with pytest.raises(HFConversionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_hf_model(src)
+
+
+def test_export_refuses_a_family_that_cannot_represent_the_model(tmp_path):
+    src, _ = save_hf(tmp_path, "qwen3-qknorm-wide-heads")
+    ours, _, _ = load_hf_model(src)
+    with pytest.raises(HFConversionError, match="llama has qkv_bias=False, qk_norm=False"):
+        save_hf_model(ours, "llama", tmp_path / "out")
