@@ -169,3 +169,78 @@ def test_export_refuses_a_family_that_cannot_represent_the_model(tmp_path):
     ours, _, _ = load_hf_model(src)
     with pytest.raises(HFConversionError, match="llama has qkv_bias=False, qk_norm=False"):
         save_hf_model(ours, "llama", tmp_path / "out")
+
+
+# ---- longboat convert and training from an HF directory ---------------------------------------------------
+
+
+def test_convert_round_trip_through_the_command_line(tmp_path, capsys):
+    from longboat.cli.main import main
+
+    src, expected = save_hf(tmp_path, "qwen3-qknorm-wide-heads")
+    assert main(["convert", "hf-to-longboat", str(src), str(tmp_path / "export"), "--dtype", "float32"]) == 0
+    assert json.loads((tmp_path / "export" / "longboat_config.json").read_text())["hf_family"] == "qwen3"
+    assert main(["convert", "longboat-to-hf", str(tmp_path / "export"), str(tmp_path / "back")]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(back).__name__ == "Qwen3ForCausalLM"
+    assert (hf_logits(back) - expected).abs().max().item() <= 1e-4
+
+    assert main(["convert", "hf-to-longboat", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_train_from_hf_dir_and_export_hf(corpus, tmp_path):
+    from longboat.config.base import load_yaml
+    from longboat.recipes import train
+    from longboat.recipes.config import resolve
+
+    tokenizer, prefix = corpus
+    hf = make_hf("llama", dict(BASE, vocab_size=512, num_key_value_heads=2, tie_word_embeddings=True))
+    hf.save_pretrained(tmp_path / "hf")
+    raw = load_yaml("configs/pretrain/quickstart.yaml")
+    raw.update(run_dir=str(tmp_path / "run"), model={"hf": str(tmp_path / "hf")})
+    raw["data"] |= {"tokenizer": str(tokenizer), "paths": [prefix], "seq_len": 64}
+    raw["train"] |= {"steps": 2, "micro_batch_size": 2, "eval_every": 0, "tensorboard": False, "threads": 1,
+                     "dtype": "fp32", "optimizer": {"lr": 1e-9}}
+    raw["checkpoint"] = {"every": 0, "export_hf": True}
+    resolved = resolve(raw)
+    assert resolved.model.n_kv_heads == 2 and resolved.model.tie_embeddings
+    train.run(resolved)
+    # With a negligible learning rate the trained model is still the HF one: the weights were loaded.
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").eval()
+    tokens = TOKENS.clamp(max=511)
+    with torch.no_grad():
+        assert (back(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-3
+    assert (tmp_path / "run" / "export" / "longboat_config.json").is_file()
+    assert (tmp_path / "run" / "hf" / "tokenizer.json").is_file()  # the training tokenizer comes along
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp_meta_init_starts_from_hf_weights(corpus, tmp_path):
+    import sys
+
+    import yaml
+
+    from longboat.config.base import load_yaml
+    from tests.distributed.conftest import finish, start
+
+    tokenizer, prefix = corpus
+    hf = make_hf("qwen2", dict(BASE, vocab_size=512, num_key_value_heads=2))
+    hf.save_pretrained(tmp_path / "hf")
+    raw = load_yaml("configs/pretrain/quickstart.yaml")
+    raw.update(run_dir=str(tmp_path / "run"), model={"hf": str(tmp_path / "hf")})
+    raw["data"] |= {"tokenizer": str(tokenizer), "paths": [prefix], "seq_len": 64}
+    raw["train"] |= {"steps": 1, "micro_batch_size": 2, "eval_every": 0, "tensorboard": False, "threads": 1,
+                     "dtype": "fp32", "num_workers": 0, "optimizer": {"lr": 1e-9}}
+    raw["checkpoint"] = {"every": 0, "export_hf": "qwen2"}
+    raw["parallel"] = {"meta_init": True}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    log = tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(tmp_path / "run.yaml")], log)
+    out = finish(proc, log, timeout=240)
+    assert proc.returncode == 0, out[-6000:]
+    assert "(fsdp)" in out
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").eval()
+    tokens = TOKENS.clamp(max=511)
+    with torch.no_grad():
+        assert (back(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-3

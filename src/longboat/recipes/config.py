@@ -43,6 +43,14 @@ class ResolvedRun:
 
 def resolve_model(spec: dict, source: str) -> tuple[str, StrictModel]:
     spec = dict(spec)
+    if "hf" in spec:  # start from a Hugging Face directory: its config.json gives the architecture
+        from longboat.models.llm.hf import hf_config_fields
+
+        if "arch" in spec or "preset" in spec:
+            raise ConfigError(f"{source}: model.hf gives the architecture; drop model.arch and model.preset")
+        arch, fields = hf_config_fields(spec.pop("hf"))
+        config_cls, _ = get_model(arch)
+        return arch, validate(config_cls, {**fields, **spec}, source, prefix="model")
     arch = spec.pop("arch", "decoder")
     preset = spec.pop("preset", None)
     config_cls, _ = get_model(arch)

@@ -36,3 +36,7 @@ class CheckpointConfig(StrictModel):
     keep: int = Field(default=3, gt=0)
     resume: bool = True
     export: bool = Field(default=True, description="write a safetensors export when training ends")
+    export_hf: bool | str = Field(
+        default=False, description="also write a Hugging Face directory (run_dir/hf): true for the model's own "
+        "family, or an HF model_type such as llama, qwen2",
+    )

@@ -36,7 +36,6 @@ class DenseAdapter(HFAdapter):
     def config_from_hf(self, hf: dict) -> dict:
         reject(hf, "hidden_act", lambda v: v == "silu", "the decoder's MLP is SwiGLU (silu)")
         reject(hf, "mlp_bias", _false, "the decoder's MLP has no biases")
-        reject(hf, "pretraining_tp", lambda v: v in (None, 1))
         d, heads = hf["hidden_size"], hf["num_attention_heads"]
         out = {
             "vocab_size": hf["vocab_size"], "d_model": d, "n_layers": hf["num_hidden_layers"], "n_heads": heads,
