@@ -185,6 +185,10 @@ def test_convert_round_trip_through_the_command_line(tmp_path, capsys):
     assert type(back).__name__ == "Qwen3ForCausalLM"
     assert (hf_logits(back) - expected).abs().max().item() <= 1e-4
 
+    assert main(["convert", "hf-to-longboat", str(src), str(tmp_path / "e16"), "--dtype", "bfloat16"]) == 0
+    assert main(["convert", "longboat-to-hf", str(tmp_path / "e16"), str(tmp_path / "h16"), "--family", "qwen3"]) == 0
+    assert json.loads((tmp_path / "h16" / "config.json").read_text())["dtype"] == "bfloat16"  # kept
+
     assert main(["convert", "hf-to-longboat", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "no config.json" in capsys.readouterr().err
 

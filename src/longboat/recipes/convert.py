@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
-from longboat.checkpoint.export import EXPORT_CONFIG, load_export_weights, read_export_config, save_export
+from longboat.checkpoint.export import EXPORT_CONFIG, WEIGHTS, load_export_weights, read_export_config, save_export
 from longboat.config.base import validate
 from longboat.models import get_model
 from longboat.models.llm.hf import SIDE_FILES, get_hf_adapter, infer_family, load_hf_model, save_hf_model
@@ -46,7 +47,9 @@ def _load(source: Path) -> tuple[torch.nn.Module, Path | None, str | None]:
         config_cls, model_cls = get_model(meta["arch"])
         model = model_cls(validate(config_cls, meta["model"], str(export / EXPORT_CONFIG), prefix="model"))
         load_export_weights(export, model)
-        return model.eval(), export, meta.get("hf_family")
+        with safe_open(str(export / WEIGHTS), framework="pt") as f:  # keep the stored dtype
+            dtype = f.get_tensor(next(iter(f.keys()))).dtype
+        return model.to(dtype).eval(), export, meta.get("hf_family")
     from longboat.recipes.generate import load_for_inference
 
     loaded = load_for_inference(source)

@@ -8,12 +8,16 @@ An adapter lives in ``longboat/models/llm/adapters/<family>.py`` (listed in that
         architecture = "LlamaForCausalLM"        # config.json "architectures"
         names = NameMap([("model.layers.{i}.mlp.up_proj.weight", "layers.{i}.feed_forward.w3.weight"), ...])
         def config_from_hf(self, hf: dict) -> dict: ...  # config.json -> fields of arch's config class
-        def config_to_hf(self, cfg) -> dict: ...         # our config -> config.json (dtype/architectures added here)
+        def config_to_hf(self, cfg) -> dict: ...         # our config -> config.json fields (save_hf_model adds
+                                                         # architectures, model_type, dtype, bos/eos)
         def default_for(self, cfg) -> bool: ...          # the family an export gets when none is named
 
 ``state_dict_from_hf(sd, cfg)`` / ``state_dict_to_hf(sd, cfg)`` rename through ``names`` by default (override
 them for tensors that need reshaping, e.g. stacked experts). An option the family cannot represent exactly
 raises ``HFConversionError`` naming the config key and value: an import is exact or it fails.
+
+Entry points: ``load_hf_model(dir, dtype=None) -> (model, cfg, family)`` and
+``save_hf_model(model, family, out_dir, dtype=None, tokenizer_dir=None, max_shard_size="5GB")``.
 """
 
 from __future__ import annotations
@@ -314,10 +318,11 @@ def save_hf_model(
     model: torch.nn.Module | dict[str, torch.Tensor],
     family: str,
     out_dir: str | os.PathLike,
-    cfg=None,
     dtype: str | torch.dtype | None = None,
     tokenizer_dir: str | os.PathLike | None = None,
     max_shard_size: int | str = "5GB",
+    *,
+    cfg=None,
 ) -> Path:
     """Write a transformers-loadable directory atomically (``<out>.tmp`` then renamed).
 

@@ -27,6 +27,11 @@ def _false(v) -> bool:
     return not v
 
 
+def is_dense(cfg) -> bool:
+    """Every layer a SwiGLU MLP behind grouped-query attention: what the dense families can hold."""
+    return getattr(cfg, "moe", None) is None and getattr(cfg, "attention", "gqa") == "gqa"
+
+
 class DenseAdapter(HFAdapter):
     """Pre-norm RoPE decoder with a SwiGLU MLP: the fields every dense family shares."""
 
@@ -68,6 +73,11 @@ class DenseAdapter(HFAdapter):
                 f"got {cfg.head_size}")
         return out
 
+    def _require_dense(self, cfg) -> None:
+        if not is_dense(cfg):
+            raise HFConversionError(f"{self.model_type} holds dense models only; this one has mixture-of-experts "
+                                    "or MLA layers (choose mixtral, qwen3_moe or deepseek_v3)")
+
     def _require(self, cfg, qkv_bias: bool, qk_norm: bool) -> None:
         if cfg.qkv_bias != qkv_bias or cfg.qk_norm != qk_norm:
             raise HFConversionError(
@@ -85,8 +95,9 @@ class LlamaAdapter(DenseAdapter):
         return super().config_from_hf(hf)
 
     def config_to_hf(self, cfg) -> dict:
+        self._require_dense(cfg)
         self._require(cfg, qkv_bias=False, qk_norm=False)
         return {**super().config_to_hf(cfg), "attention_bias": False, "mlp_bias": False}
 
     def default_for(self, cfg) -> bool:
-        return not cfg.qkv_bias and not cfg.qk_norm
+        return is_dense(cfg) and not cfg.qkv_bias and not cfg.qk_norm

@@ -20,5 +20,6 @@ class MistralAdapter(DenseAdapter):
         return out
 
     def config_to_hf(self, cfg) -> dict:
+        self._require_dense(cfg)
         self._require(cfg, qkv_bias=False, qk_norm=False)
         return {**super().config_to_hf(cfg), "sliding_window": None}

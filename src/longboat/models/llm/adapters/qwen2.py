@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from longboat.models.llm.adapters.llama import DenseAdapter
+from longboat.models.llm.adapters.llama import DenseAdapter, is_dense
 from longboat.models.llm.hf import register_hf_adapter, reject
 
 
@@ -23,8 +23,9 @@ class Qwen2Adapter(DenseAdapter):
         return {**super().config_from_hf(hf), "qkv_bias": True}
 
     def config_to_hf(self, cfg) -> dict:
+        self._require_dense(cfg)
         self._require(cfg, qkv_bias=True, qk_norm=False)
         return {**super().config_to_hf(cfg), "use_sliding_window": False}
 
     def default_for(self, cfg) -> bool:
-        return cfg.qkv_bias and not cfg.qk_norm
+        return is_dense(cfg) and cfg.qkv_bias and not cfg.qk_norm

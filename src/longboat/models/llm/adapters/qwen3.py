@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from longboat.models.llm.adapters.llama import DenseAdapter
+from longboat.models.llm.adapters.llama import DenseAdapter, is_dense
 from longboat.models.llm.adapters.qwen2 import full_attention_only
 from longboat.models.llm.hf import register_hf_adapter, reject
 
@@ -17,8 +17,9 @@ class Qwen3Adapter(DenseAdapter):
         return {**super().config_from_hf(hf), "qk_norm": True}
 
     def config_to_hf(self, cfg) -> dict:
+        self._require_dense(cfg)
         self._require(cfg, qkv_bias=False, qk_norm=True)
         return {**super().config_to_hf(cfg), "attention_bias": False, "use_sliding_window": False}
 
     def default_for(self, cfg) -> bool:
-        return cfg.qk_norm and not cfg.qkv_bias
+        return is_dense(cfg) and cfg.qk_norm and not cfg.qkv_bias
