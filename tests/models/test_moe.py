@@ -238,8 +238,8 @@ def test_experts_match_reference_loop_forward_and_backward(impl, dtype):
 def test_auto_impl_choice():
     experts = MoE(MoEConfig(d_model=D, n_experts=4, top_k=2, expert_ffn_dim=FFN)).experts
     x = torch.randn(32, D)
-    # CPU: the padded bmm while padding costs at most 2x the rows, grouped_mm for skewed loads.
-    assert experts._choose_impl(x, torch.tensor([8, 8, 8, 8])) == "padded"
+    # grouped_mm whenever it accepts the operands, balanced or skewed loads alike.
+    assert experts._choose_impl(x, torch.tensor([8, 8, 8, 8])) == "grouped_mm"
     assert experts._choose_impl(x, torch.tensor([29, 1, 1, 1])) == "grouped_mm"
 
     # d_model 12 in fp32 is 48 bytes (aligned), ffn 10 is 40 bytes (not): grouped_mm would refuse.
