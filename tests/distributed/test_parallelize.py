@@ -105,7 +105,7 @@ def _assert_same_run(runs, case: str, ref: str, first_step: int = 1):
         assert row["loss"] == pytest.approx(want[step]["loss"], rel=1e-5), f"{case}: loss at step {step}"
         # The norm before clipping catches a wrongly scaled gradient, which Adam alone would hide.
         assert row["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=1e-4), f"{case}: grad norm, step {step}"
-    params, expected = torch.load(runs / case / "final.pt"), torch.load(runs / ref / "final.pt")
+    params, expected = torch.load(runs / case / "final.pt", weights_only=True), torch.load(runs / ref / "final.pt", weights_only=True)
     assert params.keys() == expected.keys()
     for name, value in params.items():
         torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=5e-5, msg=lambda m: f"{case} {name}: {m}")
@@ -116,7 +116,7 @@ def _assert_same_run(runs, case: str, ref: str, first_step: int = 1):
 def test_parallel_training_matches_one_process(runs, case):
     ref = "single_qk" if CASES[case].model == "untied_qk" else "single"
     _assert_same_run(runs, case, ref)
-    first = torch.load(runs / ref / "final.pt")
+    first = torch.load(runs / ref / "final.pt", weights_only=True)
     torch.manual_seed(0)  # as train_worker.run_case
     init = build_model("decoder", MODELS[CASES[case].model]).state_dict()
     assert max((first[k] - init[k]).abs().max().item() for k in first) > 0.05  # the weights really moved

@@ -45,3 +45,15 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+def chunk_attention_mask(start: int, T: int, device: torch.device) -> tuple[torch.Tensor | None, bool]:
+    """(attn_mask, is_causal) for T queries at positions start..start+T-1 over start+T cached keys.
+
+    Each query sees every key up to its own position; SDPA's is_causal would align the diagonal to the
+    top-left instead, so a chunk after a non-empty cache needs an explicit mask.
+    """
+    if start == 0 or T == 1:
+        return None, T > 1
+    rows = torch.arange(start, start + T, device=device)[:, None]
+    return torch.arange(start + T, device=device)[None, :] <= rows, False

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from longboat.models.llm.cache import chunk_attention_mask
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.rope import apply_rope
 
@@ -104,11 +105,8 @@ class MultiHeadLatentAttention(nn.Module):
 
         mask, causal = None, T > 1
         if cache is not None:
-            start = cache.length
+            mask, causal = chunk_attention_mask(cache.length, T, x.device)
             c_kv, k_pe = cache.update(self.layer_id, c_kv, k_pe)
-            if start > 0 and T > 1:
-                rows = torch.arange(start, start + T, device=x.device)[:, None]
-                mask, causal = torch.arange(start + T, device=x.device)[None, :] <= rows, False
         S = c_kv.shape[1]
         # Expand the latent of every visible position into per-head keys and values.
         k_nope, v = self.kv_b_proj(c_kv).view(B, S, self.n_heads, -1).split([self.nope_dim, self.v_dim], dim=-1)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longboat.models.llm.cache import KVCache
+from longboat.models.llm.cache import KVCache, chunk_attention_mask
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.mla import LatentCache, MultiHeadLatentAttention
 from longboat.models.llm.rope import apply_rope, rope_tables
@@ -53,13 +53,8 @@ class Attention(nn.Module):
 
         mask, causal = None, T > 1
         if cache is not None:
-            start = cache.length
+            mask, causal = chunk_attention_mask(cache.length, T, x.device)
             k, v = cache.update(self.layer_id, k, v)
-            if start > 0 and T > 1:
-                # Queries sit at start..start+T-1 and see every cached key up to their own position;
-                # SDPA's is_causal would align the diagonal to the top-left instead.
-                rows = torch.arange(start, start + T, device=x.device)[:, None]
-                mask, causal = torch.arange(start + T, device=x.device)[None, :] <= rows, False
         grouped = q.shape[1] != k.shape[1]
         if T == 1 and grouped:
             # Single-token decode: fold each group's query heads into the query-length axis, so the
