@@ -85,7 +85,8 @@ def runs(tmp_path_factory):
         run_case(out, "single")
         run_case(out, "single_qk")
         two = start(
-            torchrun(2, port2, str(WORKER), str(out), "fsdp", "ddp", "tp", "ddp_from_fsdp", "fsdp_from_single"),
+            torchrun(2, port2, str(WORKER), str(out), "fsdp", "ddp", "tp", "ddp_from_fsdp", "fsdp_from_single", "ddp_accum",
+                     "fsdp_accum"),
             out / "two.log",
         )
         log = finish(two, out / "two.log", timeout=300)
@@ -105,14 +106,15 @@ def _assert_same_run(runs, case: str, ref: str, first_step: int = 1):
         assert row["loss"] == pytest.approx(want[step]["loss"], rel=1e-5), f"{case}: loss at step {step}"
         # The norm before clipping catches a wrongly scaled gradient, which Adam alone would hide.
         assert row["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=1e-4), f"{case}: grad norm, step {step}"
-    params, expected = torch.load(runs / case / "final.pt", weights_only=True), torch.load(runs / ref / "final.pt", weights_only=True)
+    params = torch.load(runs / case / "final.pt", weights_only=True)
+    expected = torch.load(runs / ref / "final.pt", weights_only=True)
     assert params.keys() == expected.keys()
     for name, value in params.items():
         torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=5e-5, msg=lambda m: f"{case} {name}: {m}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["ddp", "fsdp", "hsdp", "tp", "fsdp_tp"])
+@pytest.mark.parametrize("case", ["ddp", "fsdp", "hsdp", "tp", "fsdp_tp", "ddp_accum", "fsdp_accum"])
 def test_parallel_training_matches_one_process(runs, case):
     ref = "single_qk" if CASES[case].model == "untied_qk" else "single"
     _assert_same_run(runs, case, ref)

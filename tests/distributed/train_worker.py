@@ -45,6 +45,7 @@ class Case:
     parallel: dict = field(default_factory=dict)
     resume_from: str | None = None  # a checkpoint under OUT to start from
     save_every: int = 0
+    grad_accum: int = 1
 
 
 CASES = {
@@ -55,6 +56,8 @@ CASES = {
     # 2 ranks
     "fsdp": Case("tied", save_every=SAVE_AT),
     "ddp": Case("tied", {"data_parallel": "ddp"}),
+    "ddp_accum": Case("tied", {"data_parallel": "ddp"}, grad_accum=2),
+    "fsdp_accum": Case("tied", grad_accum=2),
     "tp": Case("tied", {"tp": 2}),
     "ddp_from_fsdp": Case("tied", {"data_parallel": "ddp"}, resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     "fsdp_from_single": Case("tied", resume_from=f"single/checkpoints/step_{SAVE_AT:08d}"),
@@ -105,7 +108,7 @@ def run_case(out: Path, name: str) -> None:
             shutil.copytree(src, run_dir / "checkpoints" / src.name)
         _barrier()
     train_cfg = TrainerConfig(
-        steps=STEPS, micro_batch_size=GLOBAL_BATCH // dims.dp, log_every=1, eval_batches=0, num_workers=0,
+        steps=STEPS, micro_batch_size=GLOBAL_BATCH // dims.dp // case.grad_accum, grad_accum=case.grad_accum, log_every=1, eval_batches=0, num_workers=0,
         tensorboard=False, threads=1, optimizer={"lr": LR, "eps": ADAM_EPS}, schedule={"kind": "constant"},
     )
     trainer = Trainer(

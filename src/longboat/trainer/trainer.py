@@ -165,17 +165,28 @@ class Trainer:
             dist.all_reduce(t, group=self.dp.group)
         return t
 
+    def _gradient_sync(self, last_micro_batch: bool):
+        """DDP all-reduces gradients only on a step's last micro-batch; the others accumulate locally.
+
+        FSDP keeps reducing every micro-batch: skipping would hold unsharded gradients, the memory it exists
+        to save.
+        """
+        if not last_micro_batch and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
     def train_step(self) -> dict:
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         units = 0
         extra: dict[str, float] = {}
-        for _ in range(self.cfg.grad_accum):
+        for i in range(self.cfg.grad_accum):
             batch = _to_device(next(self.loader), self.device)
-            with self._autocast:
-                out = self.loss_fn(self.model, batch)
-            out.loss_sum.backward()
+            with self._gradient_sync(i == self.cfg.grad_accum - 1):
+                with self._autocast:
+                    out = self.loss_fn(self.model, batch)
+                out.loss_sum.backward()
             loss_sum += out.loss_sum.detach().double()
             count += out.count
             units += out.units
