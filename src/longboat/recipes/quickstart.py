@@ -107,7 +107,8 @@ def run(run_dir: str, steps: int | None = None, overrides: list[str] = ()) -> in
         )
     prompt = "ROMEO." if corpus == "shakespeare" else "def "
     loaded = load_for_inference(run_dir)
-    console.rule(f"[bold]longboat generate {run_dir} --prompt {prompt!r} --top-k 50 --num-samples 3")
+    console.rule(f"[bold]longboat generate {run_dir} --prompt {prompt!r}")
+    console.print("three samples, temperature 0.8, top-k 50")
     for seed in range(3):  # a document here is a paragraph, so one sample often ends after a few lines
         text, rate = generate_text(loaded, prompt, max_new_tokens=120, temperature=0.8, top_k=50, seed=seed)
         print(prompt + text + "\n", flush=True)
