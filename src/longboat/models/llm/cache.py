@@ -5,46 +5,49 @@ from __future__ import annotations
 import torch
 
 
-class KVCache:
-    """Per-layer keys and values [B, n_kv_heads, max_len, head_dim] plus the number of filled positions.
+class StaticCache:
+    """Two per-layer buffers [n_layers, ...] with a shared time axis, plus the number of filled positions.
 
-    Every layer writes its new keys/values at ``length`` during a forward pass; the model calls
-    ``advance`` once after all layers, so all layers see the same offset.
+    Every layer writes its new entries at ``length`` during a forward pass; the model calls ``advance``
+    once after all layers, so all layers see the same offset.
     """
 
-    def __init__(
-        self,
-        n_layers: int,
-        batch: int,
-        n_kv_heads: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, shape_a: tuple[int, ...], shape_b: tuple[int, ...], time_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self._a = torch.zeros(shape_a, dtype=dtype, device=device)
+        self._b = torch.zeros(shape_b, dtype=dtype, device=device)
+        self._time_dim = time_dim  # in the buffers, layer axis included
         self.length = 0
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self._a.shape[self._time_dim]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, n_kv_heads, T, head_dim] after the filled part; return all keys/values so far."""
-        end = self.length + k.shape[2]
+    def update(self, layer: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``a`` and ``b`` after the filled part of ``layer``; return everything cached so far."""
+        end = self.length + a.shape[self._time_dim - 1]
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions needed, cache holds {self.max_len}")
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        t = self._time_dim - 1  # time axis within one layer's buffer
+        filled_a, filled_b = self._a[layer].narrow(t, 0, end), self._b[layer].narrow(t, 0, end)
+        filled_a.narrow(t, self.length, end - self.length).copy_(a)
+        filled_b.narrow(t, self.length, end - self.length).copy_(b)
+        return filled_a, filled_b
 
     def advance(self, n: int) -> None:
         self.length += n
 
     def reset(self) -> None:
         self.length = 0
+
+
+class KVCache(StaticCache):
+    """Keys and values [n_layers, B, n_kv_heads, max_len, head_dim] for grouped-query attention."""
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        super().__init__(shape, shape, time_dim=3, dtype=dtype, device=device)
 
 
 def chunk_attention_mask(start: int, T: int, device: torch.device) -> tuple[torch.Tensor | None, bool]:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longboat.models.llm.cache import chunk_attention_mask
+from longboat.models.llm.cache import StaticCache, chunk_attention_mask
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.rope import apply_rope
 
@@ -20,38 +20,15 @@ from longboat.models.llm.rope import apply_rope
 LATENT_NORM_EPS = 1e-6
 
 
-class LatentCache:
-    """Per-layer latents c_kv [B, max_len, kv_lora_rank] and rotated k_pe [B, max_len, rope_dim].
-
-    Same protocol as ``KVCache``: layers write at ``length``, the model calls ``advance`` once per forward.
-    """
+class LatentCache(StaticCache):
+    """Per-layer latents c_kv [B, max_len, kv_lora_rank] and rotated k_pe [B, max_len, rope_dim]."""
 
     def __init__(
         self, n_layers: int, batch: int, max_len: int, kv_rank: int, rope_dim: int,
         dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
     ):
-        self.c_kv = torch.zeros(n_layers, batch, max_len, kv_rank, dtype=dtype, device=device)
-        self.k_pe = torch.zeros(n_layers, batch, max_len, rope_dim, dtype=dtype, device=device)
-        self.length = 0
-
-    @property
-    def max_len(self) -> int:
-        return self.c_kv.shape[2]
-
-    def update(self, layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write c_kv [B, T, rank] and k_pe [B, T, rope_dim] after the filled part; return everything so far."""
-        end = self.length + c_kv.shape[1]
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {end} positions needed, cache holds {self.max_len}")
-        self.c_kv[layer, :, self.length : end] = c_kv
-        self.k_pe[layer, :, self.length : end] = k_pe
-        return self.c_kv[layer, :, :end], self.k_pe[layer, :, :end]
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-    def reset(self) -> None:
-        self.length = 0
+        super().__init__((n_layers, batch, max_len, kv_rank), (n_layers, batch, max_len, rope_dim), time_dim=2,
+                         dtype=dtype, device=device)
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
