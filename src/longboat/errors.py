@@ -1,22 +1,8 @@
-"""The errors a user can act on: the command line prints their message alone, without a traceback."""
+"""The base of every error a user can act on; the command line prints its message alone, without a traceback.
 
-from longboat.checkpoint.dcp import CheckpointError
-from longboat.checkpoint.export import ExportError
-from longboat.config.base import ConfigError
-from longboat.data.gpt import GPTDatasetError
-from longboat.data.indexed import IndexedDataError
-from longboat.data.tokenizer import TokenizerError
-from longboat.models.llm.hf import HFConversionError
-from longboat.trainer.trainer import TrainingError
+This module imports nothing of longboat's, so every layer can derive its errors from ``LongboatError``.
+"""
 
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError,
-    IndexedDataError,
-    GPTDatasetError,
-    TokenizerError,
-    CheckpointError,
-    ExportError,
-    HFConversionError,
-    TrainingError,
-    FileNotFoundError,
-)
+
+class LongboatError(Exception):
+    """A problem with the user's input, files or environment, described by a message that says what to fix."""

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from longboat.errors import LongboatError
 from longboat.utils.seeding import rng_state, set_rng_state
 
 # DCP warns on every single-process save/load; a single process is a supported, intended case here.
@@ -38,7 +39,7 @@ COMPLETE_MARKER = "COMPLETE"
 FAULT_ENV = "LONGBOAT_FAULT_KILL_DURING_SAVE"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LongboatError, RuntimeError):
     """A checkpoint is missing, incomplete or does not match the run."""
 
 

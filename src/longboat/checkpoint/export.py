@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_file, save_model
 
+from longboat.errors import LongboatError
 from longboat.utils.provenance import provenance
 
 EXPORT_CONFIG = "longboat_config.json"
@@ -18,7 +19,7 @@ EXPORT_FORMAT_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-class ExportError(ValueError):
+class ExportError(LongboatError, ValueError):
     """An export directory is missing a file or does not describe a known model."""
 
 

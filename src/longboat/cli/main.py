@@ -136,13 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from longboat.errors import USER_ERRORS
+    from longboat.errors import LongboatError
     from longboat.utils.logging import error
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except USER_ERRORS as e:
+    except LongboatError as e:
         error(str(e))
         return 2
     except KeyboardInterrupt:

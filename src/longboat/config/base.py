@@ -9,11 +9,13 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from longboat.errors import LongboatError
+
 INHERIT_KEY = "inherit"
 T = TypeVar("T", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(LongboatError, ValueError):
     """A config file, key or value is wrong; the message names it and what was expected."""
 
 

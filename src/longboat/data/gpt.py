@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
+from longboat.errors import LongboatError
 from longboat.config.base import StrictModel
 from longboat.data.indexed import IndexedDataset
 
@@ -37,7 +38,7 @@ _CACHE_FORMAT = 1
 _SAMPLE_INDEX_CHUNK = 1 << 22  # document-index entries per pass, bounds the temporary memory
 
 
-class GPTDatasetError(ValueError):
+class GPTDatasetError(LongboatError, ValueError):
     """The token data cannot give the samples that were asked for."""
 
 

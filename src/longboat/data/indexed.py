@@ -12,6 +12,8 @@ from typing import Iterable
 
 import numpy as np
 
+from longboat.errors import LongboatError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
@@ -29,7 +31,7 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
 _CODE_OF = {np.dtype(t): c for c, t in DTYPE_CODES.items()}
 
 
-class IndexedDataError(ValueError):
+class IndexedDataError(LongboatError, ValueError):
     """A ``.bin``/``.idx`` pair is missing, truncated or not in Megatron's format."""
 
 

@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from longboat.data.tokenizer import TokenizerError
+from longboat.errors import LongboatError
 
 TXT_MODES = ("file", "paragraph", "line")
 _MAX_BATCH_BYTES = 1 << 20  # also cut batches here: long documents still make many batches to share out
 _PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t\r]*\n)+")  # one or more blank (or whitespace-only) lines
+
+
+class TextSourceError(LongboatError, FileNotFoundError):
+    """An input path or glob names no readable text file."""
 
 
 @dataclass
@@ -35,18 +40,18 @@ class Batch:
 def expand_inputs(patterns: Sequence[str | os.PathLike]) -> list[Path]:
     """Files named by paths or glob patterns, in the given order (globs sorted), without repeats."""
     if not patterns:
-        raise FileNotFoundError("no input files given (pass at least one path or glob)")
+        raise TextSourceError("no input files given (pass at least one path or glob)")
     files: list[Path] = []
     for pattern in map(str, patterns):
         if glob.has_magic(pattern):
             matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not matches:
-                raise FileNotFoundError(f"{pattern}: no files match this pattern")
+                raise TextSourceError(f"{pattern}: no files match this pattern")
             files.extend(map(Path, matches))
         elif os.path.isdir(pattern):
-            raise FileNotFoundError(f"{pattern}: is a directory; pass files or a glob such as {pattern}/*.jsonl")
+            raise TextSourceError(f"{pattern}: is a directory; pass files or a glob such as {pattern}/*.jsonl")
         elif not os.path.isfile(pattern):
-            raise FileNotFoundError(f"{pattern}: input file not found")
+            raise TextSourceError(f"{pattern}: input file not found")
         else:
             files.append(Path(pattern))
     return list(dict.fromkeys(files))

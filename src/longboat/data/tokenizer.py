@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 from tokenizers import Tokenizer as _Backend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from longboat.errors import LongboatError
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
@@ -24,7 +26,7 @@ _EOS_FALLBACKS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(LongboatError, ValueError):
     """A tokenizer, or the text handed to it, is missing or not in the expected form."""
 
 

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 from torch.utils.data import Dataset
 
+from longboat.errors import LongboatError
 from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState
 from longboat.data.loader import ResumableLoader
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
@@ -35,7 +36,7 @@ from longboat.trainer.schedule import build_scheduler
 from longboat.utils.logging import console, rank
 
 
-class TrainingError(RuntimeError):
+class TrainingError(LongboatError, RuntimeError):
     """Training cannot go on (e.g. the loss keeps diverging)."""
 
 

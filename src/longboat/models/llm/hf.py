@@ -33,6 +33,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from longboat.errors import LongboatError
+
 HF_CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 SINGLE_WEIGHTS = "model.safetensors"
@@ -45,7 +47,7 @@ SIDE_FILES = (
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class HFConversionError(ValueError):
+class HFConversionError(LongboatError, ValueError):
     """A Hugging Face checkpoint cannot be converted exactly (missing file, unknown family, unsupported option)."""
 
 
