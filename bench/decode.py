@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from longboat.models.generation import generate
+from longboat.models.llm.generation import generate
 from longboat.models.llm.hf import load_hf_model
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

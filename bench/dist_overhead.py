@@ -45,7 +45,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from longboat.distributed import ParallelConfig, build_mesh, init_runtime, parallelize, shutdown
     from longboat.models import build_model
-    from longboat.tasks.pretrain import make_lm_loss
+    from longboat.tasks.lm_loss import make_lm_loss
     from longboat.trainer.config import CheckpointConfig, TrainerConfig
     from longboat.trainer.trainer import DataParallel, Trainer
 

@@ -1,11 +1,13 @@
 """The command line end to end: train → checkpoints → export → generate, and bad input that fails clearly."""
 
 import json
+import math
 import shutil
 
 import pytest
 
 from longboat.data.indexed import IndexedDatasetWriter
+from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat, tiny_run_args
 
 pytestmark = pytest.mark.slow
@@ -28,6 +30,10 @@ def test_train_export_generate(corpus, tmp_path):
     assert meta["arch"] == "decoder" and meta["model"]["n_layers"] == 2
     assert (run / "export" / "model.safetensors").is_file() and (run / "export" / "tokenizer.json").is_file()
     assert "exported to" in proc.stdout
+    assert meta["task"] == "pretrain" and meta["ema"] is False and "tokenizer.json" in meta["assets"]
+    valid = read_metrics(run, "valid")[-1]
+    assert valid["perplexity"] == pytest.approx(math.exp(valid["loss"]))
+    assert "tokens_per_s" in read_metrics(run)[0]
 
     from_export = run_longboat("generate", str(run), "--prompt", "def ", "--max-new-tokens", "8",
                                "--temperature", "0", check=True)

@@ -21,8 +21,8 @@ from torch.utils.data import Dataset
 
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
 from longboat.models import build_model
-from longboat.recipes.train import tensor_parallel_plan
-from longboat.tasks.pretrain import make_lm_loss
+from longboat.models import get_model
+from longboat.tasks.lm_loss import make_lm_loss
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.trainer import DataParallel, Trainer
 
@@ -97,7 +97,7 @@ def run_case(out: Path, name: str) -> None:
     torch.manual_seed(0)
     model_cfg = MODELS[case.model]
     model = build_model("decoder", model_cfg)
-    plan = tensor_parallel_plan("decoder", model.cfg, dims.tp)
+    plan = get_model("decoder").tensor_parallel_plan(model.cfg, dims.tp)
     model = parallelize(model, mesh, cfg, plan, "cpu")
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longboat.models.generation import filter_logits, generate, sample_next
+from longboat.models.llm.generation import filter_logits, generate, sample_next
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.hf import from_hf_name, hf_architecture, hf_config_dict
 

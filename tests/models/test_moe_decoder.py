@@ -5,14 +5,14 @@ import torch
 import transformers
 from pydantic import ValidationError
 
-from longboat.models.generation import generate
+from longboat.models.llm.generation import generate
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.hf import HFConversionError, get_hf_adapter, load_hf_model, save_hf_model
 from longboat.models.llm.parallel_plan import check_tensor_parallel
-from longboat.models.llm.presets import load_preset
+from longboat.models.llm import load_preset
 from longboat.config.base import ConfigError
 from longboat.models.moe import MoE
-from longboat.tasks.pretrain import make_lm_loss, update_expert_biases
+from longboat.tasks.lm_loss import make_lm_loss
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.metrics import read_metrics
 from longboat.trainer.trainer import Trainer
@@ -130,7 +130,7 @@ def test_training_with_aux_loss_and_expert_bias(tmp_path):
     tcfg = TrainerConfig(steps=16, micro_batch_size=4, grad_accum=2, log_every=1, eval_batches=0, num_workers=0,
                          tensorboard=False, optimizer={"lr": 1e-2})
     trainer = Trainer(tcfg, CheckpointConfig(), tmp_path, model, make_lm_loss(False), FewSequences(256),
-                      flops_per_unit=float(cfg.flops_per_token(16)), after_step=update_expert_biases)
+                      flops_per_unit=float(cfg.flops_per_token(16)))
     trainer.fit()
     rows = read_metrics(tmp_path)
     losses = [r["loss"] for r in rows]
@@ -154,10 +154,10 @@ def test_aux_loss_enters_the_summed_loss_per_token():
     assert ce.metrics is None  # evaluation reports plain cross-entropy
 
 
-def test_update_expert_biases_only_touches_biased_routers():
+def test_expert_bias_update_only_touches_biased_routers():
     model = Decoder(tiny_moe()).train()
     model(torch.randint(0, 64, (2, 8)))
-    update_expert_biases(model)
+    model.after_optimizer_step()
     moe = [m for m in model.modules() if isinstance(m, MoE)]
     assert len(moe) == 1 and moe[0].router.expert_bias.abs().sum() > 0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longboat.models.generation import generate
+from longboat.models.llm.generation import generate
 from longboat.models.llm.hf import load_hf_model, save_hf_model
 
 transformers = pytest.importorskip("transformers")

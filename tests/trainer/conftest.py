@@ -3,7 +3,14 @@ import torch
 from torch.utils.data import Dataset
 
 from longboat.models import build_model
-from longboat.models.llm.presets import load_preset
+from longboat.models.llm import load_preset
+from longboat.trainer.hooks import TrainerHooks
+
+
+class TokenHooks(TrainerHooks):
+    """A language-model loss counts tokens."""
+
+    unit = "tokens"
 
 
 class RandomTokens(Dataset):

@@ -36,7 +36,7 @@ def test_schedule_validation():
 
 def test_no_decay_for_norms_biases_embeddings():
     model = small_model()
-    decay, no_decay = param_groups(model, 0.1)
+    decay, no_decay = param_groups(model, OptimizerConfig(weight_decay=0.1))
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 2 for p in decay["params"])

@@ -1,22 +1,22 @@
-import math
 import os
 import signal
 
 import pytest
 import torch
 
-from longboat.tasks.pretrain import make_lm_loss
+from longboat.tasks.lm_loss import make_lm_loss
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.metrics import read_metrics
 from longboat.trainer.trainer import LossOutput, Trainer, TrainingError
-from tests.trainer.conftest import RandomTokens, small_model
+from tests.trainer.conftest import RandomTokens, TokenHooks, small_model
 
 
 def make_trainer(tmp_path, loss_fn=None, steps=6, mbs=4, accum=1, **kw):
     cfg = TrainerConfig(steps=steps, micro_batch_size=mbs, grad_accum=accum, log_every=1, eval_batches=2,
                         num_workers=0, tensorboard=False, optimizer={"lr": 1e-2}, **kw)
     return Trainer(cfg, CheckpointConfig(), tmp_path, small_model(), loss_fn or make_lm_loss(False),
-                   RandomTokens(256, 16, 128), RandomTokens(16, 16, 128), flops_per_unit=1e5)
+                   RandomTokens(256, 16, 128), RandomTokens(16, 16, 128), flops_per_unit=1e5,
+                   hooks=TokenHooks())
 
 
 def test_loss_falls_and_metrics_are_logged(tmp_path):
@@ -26,7 +26,7 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_mb"} <= rows[0].keys()
     valid = read_metrics(tmp_path, "valid")
-    assert valid and valid[-1]["perplexity"] == pytest.approx(math.exp(valid[-1]["loss"]))
+    assert valid and valid[-1].keys() == {"kind", "step", "loss"}  # perplexity is the pretraining task's metric
     assert result.valid_loss == valid[-1]["loss"] and (tmp_path / "checkpoints").is_dir()
 
 

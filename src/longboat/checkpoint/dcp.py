@@ -1,13 +1,17 @@
 """Resumable checkpoints with torch.distributed.checkpoint: sharded, reshardable, written atomically.
 
 A checkpoint is ``<dir>/step_<N>/`` holding the DCP files (model, optimizer, scheduler, trainer and data
-position) and one ``rng_rank<R>.pt`` per rank. It is written under ``step_<N>.tmp`` and renamed when
+position, and when present the EMA weights), the task's state as ``task_state.safetensors`` (small tensors such
+as normalisation statistics, readable without knowing their shapes), one ``rng_rank<R>.pt`` per rank and
+``checkpoint.json`` (format version and the top-level keys saved; format 1 had no such file and saved
+``train``, ``scheduler`` and ``trainer`` only). It is written under ``step_<N>.tmp`` and renamed when
 complete, so a crash mid-write leaves nothing that ``latest()`` would pick. DCP metadata is pickled: these
 directories are trusted local files for resuming; anything shared goes through ``export``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,7 +28,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.stateful import Stateful
+
+from safetensors.torch import load_file, save_file
 
 from longboat.errors import LongboatError
 from longboat.utils.seeding import rng_state, set_rng_state
@@ -34,6 +41,10 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
+MANIFEST = "checkpoint.json"
+TASK_STATE = "task_state.safetensors"
+CHECKPOINT_FORMAT_VERSION = 2
+_FORMAT_1_CONTENTS = ("train", "scheduler", "trainer")
 # Test-only fault injection: SIGKILL this process after the DCP files of this step are written but before
 # the checkpoint is complete, to prove that an interrupted save is never resumed from.
 FAULT_ENV = "LONGBOAT_FAULT_KILL_DURING_SAVE"
@@ -92,8 +103,11 @@ class CheckpointManager:
         done = self.complete_checkpoints()
         return done[-1] if done else None
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` (Stateful objects and plain values) as checkpoint ``step``; every rank calls this."""
+    def save(self, step: int, state: dict[str, Any], task_state: dict[str, torch.Tensor] | None = None) -> Path:
+        """Write ``state`` (Stateful objects and plain values) as checkpoint ``step``; every rank calls this.
+
+        ``task_state`` (the same on every rank) is written by rank 0 beside the DCP files.
+        """
         final = self.dir / f"step_{step:08d}"
         tmp = self.dir / f"step_{step:08d}.tmp"
         if _rank() == 0:
@@ -106,12 +120,23 @@ class CheckpointManager:
             os.kill(os.getpid(), 9)
         _barrier()
         if _rank() == 0:
+            contents = sorted(state)
+            if task_state:
+                save_file({k: v.detach().cpu().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
+                contents.append("task")
+            manifest = {"format_version": CHECKPOINT_FORMAT_VERSION, "step": step, "contents": contents}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             (tmp / COMPLETE_MARKER).write_text(f"{step}\n")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             self._prune()
         _barrier()
         return final
+
+    @staticmethod
+    def contents(path: str | os.PathLike) -> list[str]:
+        """The top-level keys a complete checkpoint holds."""
+        return checkpoint_contents(path)
 
     def load(self, path: str | os.PathLike, state: dict[str, Any], restore_rng: bool = True) -> None:
         """Load ``path`` into ``state`` in place (Stateful objects are updated; plain values replaced)."""
@@ -131,13 +156,44 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load_model_weights(path: str | os.PathLike, model: torch.nn.Module) -> None:
-    """Load only the model weights of a checkpoint (e.g. to generate from it or export it)."""
+def checkpoint_contents(path: str | os.PathLike) -> list[str]:
+    """The top-level keys of a checkpoint: from its manifest, or format 1's fixed set."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return list(_FORMAT_1_CONTENTS)
+    try:
+        meta = json.loads(manifest.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{manifest}: unreadable ({e})") from None
+    if meta.get("format_version") not in (1, CHECKPOINT_FORMAT_VERSION):
+        raise CheckpointError(f"{manifest}: checkpoint format {meta.get('format_version')} is newer than this "
+                              f"longboat reads ({CHECKPOINT_FORMAT_VERSION}); upgrade longboat")
+    return list(meta["contents"])
+
+
+def load_task_state(path: str | os.PathLike) -> dict[str, torch.Tensor] | None:
+    """The task's saved state, or None when the checkpoint holds none."""
+    file = Path(path) / TASK_STATE
+    return load_file(str(file)) if file.is_file() else None
+
+
+def load_model_weights(path: str | os.PathLike, model: torch.nn.Module, ema: bool = False) -> bool:
+    """Load the model weights of a checkpoint (e.g. to generate from it or export it).
+
+    With ``ema``, the EMA weights when the checkpoint has them; returns whether they were loaded.
+    """
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    state = {"train": ModelOptimizerState(model, None)}
-    dcp.load(state, checkpoint_id=path)
+    dcp.load({"train": ModelOptimizerState(model, None)}, checkpoint_id=path)
+    if not (ema and "ema" in checkpoint_contents(path)):
+        return False
+    # The average covers the trainable weights; frozen ones keep the values just loaded.
+    weights = model.state_dict()
+    dcp.load({"ema": weights}, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    model.load_state_dict(weights)
+    return True
 
 
-__all__ = ["CheckpointManager", "CheckpointError", "ModelOptimizerState", "load_model_weights"]
+__all__ = ["CheckpointManager", "CheckpointError", "ModelOptimizerState", "checkpoint_contents", "load_model_weights",
+           "load_task_state"]

@@ -1,4 +1,9 @@
-"""Exports for sharing and serving: safetensors weights + JSON config (+ tokenizer). Never a pickle."""
+"""Exports for sharing and serving: safetensors weights + JSON config + the task's assets. Never a pickle.
+
+``longboat_config.json`` records the architecture and its config, the task, the plugins that register them,
+the asset files beside it (tokenizer files, normalisation statistics, ...) and whether the weights are an EMA.
+Format 1 (no task, assets or plugins; tokenizer files only) is still read.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ from longboat.utils.provenance import provenance
 
 EXPORT_CONFIG = "longboat_config.json"
 WEIGHTS = "model.safetensors"
-EXPORT_FORMAT_VERSION = 1
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+EXPORT_FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, EXPORT_FORMAT_VERSION)
 
 
 class ExportError(LongboatError, ValueError):
@@ -28,12 +33,13 @@ def save_export(
     model: torch.nn.Module | dict[str, torch.Tensor],
     arch: str,
     model_config: dict,
-    tokenizer_dir: str | os.PathLike | None = None,
+    assets: dict[str, Path | bytes] | None = None,
     extra: dict | None = None,
 ) -> Path:
     """Write an export atomically: ``<out>.tmp`` filled, then renamed to ``out``.
 
     ``model`` is a module or its full state dict (e.g. gathered from FSDP shards by ``get_model_state_dict``).
+    ``assets`` maps file names to a file to copy or the bytes to write beside the weights.
     """
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
@@ -47,15 +53,18 @@ def save_export(
         "format_version": EXPORT_FORMAT_VERSION,
         "arch": arch,
         "model": model_config,
+        "assets": sorted(assets or {}),
         "provenance": provenance(),
         **(extra or {}),
     }
     (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.is_file():
-                shutil.copy2(src, tmp / name)
+    for name, content in (assets or {}).items():
+        if Path(name).name != name or name in (EXPORT_CONFIG, WEIGHTS):
+            raise ExportError(f"export asset name {name!r} must be a plain file name other than {EXPORT_CONFIG}")
+        if isinstance(content, bytes):
+            (tmp / name).write_bytes(content)
+        else:
+            shutil.copy2(content, tmp / name)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -65,9 +74,17 @@ def read_export_config(export_dir: str | os.PathLike) -> dict:
     path = Path(export_dir) / EXPORT_CONFIG
     if not path.is_file():
         raise ExportError(f"{export_dir}: not a longboat export (no {EXPORT_CONFIG})")
-    meta = json.loads(path.read_text())
-    if meta.get("format_version") != EXPORT_FORMAT_VERSION:
-        raise ExportError(f"{path}: export format {meta.get('format_version')} (expected {EXPORT_FORMAT_VERSION})")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format_version") not in _READABLE_VERSIONS:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise ExportError(f"{path}: export format {version} is not one this longboat reads "
+                          f"({', '.join(map(str, _READABLE_VERSIONS))})")
+    if meta["format_version"] == 1:  # tokenizer files were its only assets
+        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        meta = {**meta, "task": None, "assets": [n for n in names if (Path(export_dir) / n).is_file()]}
     return meta
 
 

@@ -71,13 +71,14 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from longboat.models.llm.presets import load_preset, preset_names
-    from longboat.models.llm.config import DecoderConfig
+    from longboat.models import get_model, model_names
 
-    for name in preset_names():
-        cfg = DecoderConfig(**load_preset(name))
-        print(f"{name:16s} {cfg.num_params() / 1e6:9.1f}M  layers {cfg.n_layers:3d}  d_model {cfg.d_model:5d}  "
-              f"heads {cfg.n_heads}/{cfg.kv_heads}  vocab {cfg.vocab_size}")
+    for arch in model_names():
+        spec = get_model(arch)
+        for name in spec.preset_names():
+            cfg = spec.config(**spec.load_preset(name))
+            describe = getattr(cfg, "describe", None)
+            print(f"{name:16s} {arch:10s} {describe() if describe else ''}".rstrip())
     return 0
 
 

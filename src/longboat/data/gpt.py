@@ -27,9 +27,9 @@ from pydantic import Field, field_validator, model_validator
 from longboat.errors import LongboatError
 from longboat.config.base import StrictModel
 from longboat.data.indexed import IndexedDataset
+from longboat.data.labels import IGNORE_INDEX
 
 SPLIT_NAMES = ("train", "valid", "test")
-IGNORE_INDEX = -100
 # Megatron pads a short final sample with -1 (never a real token id) when the tokenizer has no pad token.
 PAD_SENTINEL = -1
 # The last epoch is shuffled on its own when it supplies fewer than this share of a full epoch's samples.

@@ -1,17 +1,29 @@
-"""A resumable, data-parallel loader over map-style datasets whose order is fixed by the dataset itself.
+"""A resumable, data-parallel loader over map-style datasets.
 
 The state is one integer, the number of samples the whole job has consumed, so resumption is exact on any
-number of workers. Each global micro-batch of ``micro_batch_size * dp_size`` consecutive samples is split
-between data-parallel ranks, as Megatron's pretraining sampler does.
+number of workers and ranks. Each global micro-batch of ``micro_batch_size * dp_size`` samples is split between
+data-parallel ranks, as Megatron's pretraining sampler does. The samples come either in the dataset's own order
+(pretraining: the GPT dataset already shuffled them, Megatron's way) or, for finite datasets, in epochs: each
+epoch is a permutation drawn from (seed, epoch), of which whole global batches are used; the remainder of an
+epoch that does not fill a global batch is dropped.
 """
 
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """Read a finite dataset in reshuffled epochs of whole ``global_batch``es."""
+
+    global_batch: int
+    seed: int
 
 
 def _ignore_sigterm(worker_id: int) -> None:
@@ -38,6 +50,38 @@ class ConsecutiveBatchSampler(Sampler[list[int]]):
         return max(self.n - self.consumed, 0) // (self.mbs * self.world)
 
 
+class EpochBatchSampler(Sampler[list[int]]):
+    """Endless epochs of a finite dataset: this rank's slice of each global micro-batch of a permutation.
+
+    ``global_batch`` (micro-batch × accumulation × data-parallel size) fixes the samples used per epoch: the
+    largest multiple of it that fits the dataset. The permutation of epoch ``e`` depends on (seed, e) only.
+    """
+
+    def __init__(self, dataset_len: int, micro_batch_size: int, dp_rank: int, dp_size: int, global_batch: int,
+                 seed: int, consumed: int = 0):
+        self.mbs, self.rank, self.world, self.seed, self.consumed = micro_batch_size, dp_rank, dp_size, seed, consumed
+        self.n = dataset_len
+        self.per_epoch = samples_per_epoch(dataset_len, global_batch)
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.n, generator=g)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.mbs * self.world
+        epoch, offset = divmod(self.consumed, self.per_epoch)
+        while True:
+            order = self.permutation(epoch)
+            for start in range(offset, self.per_epoch, step):
+                first = start + self.rank * self.mbs
+                yield order[first : first + self.mbs].tolist()
+            epoch, offset = epoch + 1, 0
+
+
+def samples_per_epoch(dataset_len: int, global_batch: int) -> int:
+    return dataset_len // global_batch * global_batch
+
+
 class ResumableLoader:
     """Iterates micro-batches for one rank and knows how many samples the job has consumed."""
 
@@ -50,9 +94,10 @@ class ResumableLoader:
         num_workers: int = 0,
         consumed: int = 0,
         pin_memory: bool = False,
+        epochs: EpochOrder | None = None,
     ):
         self.dataset, self.mbs, self.dp_rank, self.dp_size = dataset, micro_batch_size, dp_rank, dp_size
-        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.num_workers, self.pin_memory, self.epochs = num_workers, pin_memory, epochs
         self.consumed = consumed
         self._iter: Iterator | None = None
 
@@ -60,8 +105,19 @@ class ResumableLoader:
     def global_micro_batch(self) -> int:
         return self.mbs * self.dp_size
 
+    @property
+    def epoch(self) -> float | None:
+        """Epochs completed so far (fractional), for finite datasets read in epochs."""
+        if self.epochs is None:
+            return None
+        return self.consumed / samples_per_epoch(len(self.dataset), self.epochs.global_batch)
+
     def _make_iter(self) -> Iterator:
-        sampler = ConsecutiveBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size, self.consumed)
+        if self.epochs is not None:
+            sampler = EpochBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size,
+                                        self.epochs.global_batch, self.epochs.seed, self.consumed)
+        else:
+            sampler = ConsecutiveBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size, self.consumed)
         loader = DataLoader(
             self.dataset,
             batch_sampler=sampler,
@@ -79,7 +135,7 @@ class ResumableLoader:
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._iter is None:
             self._iter = self._make_iter()
-        batch = next(self._iter)  # StopIteration ends the data, by design: the dataset was sized for the run
+        batch = next(self._iter)  # only a dataset read in its own order ends; the trainer checks its size first
         self.consumed += self.global_micro_batch
         return batch
 

@@ -20,6 +20,8 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# What a tokenizer directory holds that a copy of it (an export) must carry.
+TOKENIZER_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE, CHAT_TEMPLATE_FILE)
 EOS_TOKEN = "<|endoftext|>"
 # Used only when a directory names no eos token: the end-of-text markers of common tokenizers.
 _EOS_FALLBACKS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")

@@ -2,8 +2,8 @@
 
 The order matters (as in torchtitan): TP turns weights into DTensors on the ``tp`` axis, checkpointing and
 compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their DTensors.
-A model opts in by keeping its repeated blocks in ``model.layers`` (an ``nn.ModuleList`` or ``nn.ModuleDict``)
-and, for ``meta_init``, by defining ``init_weights()``.
+Which modules are units (checkpointed, compiled, sharded one by one) the model's ``ModelSpec.parallel_units``
+says; ``meta_init`` needs the model to define ``init_weights()``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import functools
 import inspect
 import warnings
 from fnmatch import fnmatchcase
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 from longboat.distributed.mesh import ParallelMesh
+from longboat.models.registry import spec_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -32,16 +34,34 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
-def _blocks(model: nn.Module) -> nn.Module | None:
-    layers = getattr(model, "layers", None)
-    return layers if isinstance(layers, (nn.ModuleList, nn.ModuleDict)) else None
+def parallel_units(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module, str, nn.Module]]:
+    """``(parent, attribute, unit)`` for every unit ``names`` declare: each child of a ``ModuleList``/``ModuleDict``,
+    any other named module itself. The parent and attribute let a wrapper take the unit's place."""
+    units = []
+    for name in names:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            raise ConfigError(f"parallel unit '{name}' names no module of {type(model).__name__}") from None
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            units.extend((module, child_name, child) for child_name, child in module.named_children())
+        else:
+            parent, _, attr = name.rpartition(".")
+            units.append((model.get_submodule(parent), attr, module))
+    return units
 
 
-def _require_blocks(model: nn.Module, what: str) -> nn.Module:
-    layers = _blocks(model)
-    if layers is None:
-        raise ConfigError(f"{what} works per block, but {type(model).__name__} has no `layers` module list")
-    return layers
+def _require_units(model: nn.Module, names: Sequence[str], what: str) -> list[tuple[nn.Module, str, nn.Module]]:
+    units = parallel_units(model, names)
+    if not units:
+        raise ConfigError(f"{what} works per unit, but {type(model).__name__}'s spec declares no parallel_units")
+    return units
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name in the plain model: without DDP's ``module.``, checkpoint and compile wrappers."""
+    name = name.removeprefix("module.")
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
 # ---- tensor parallel ---------------------------------------------------------------------------------------
@@ -86,38 +106,36 @@ def _selective_policy(save: set, ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> None:
-    """Wrap every ``every``-th block: ``full`` recomputes the whole block, ``selective`` all but matmuls."""
-    layers = _require_blocks(model, f"parallel.activation_checkpointing={mode}")
+def apply_activation_checkpointing(model: nn.Module, units: Sequence[str], mode: str, every: int) -> None:
+    """Wrap every ``every``-th unit: ``full`` recomputes the whole unit, ``selective`` all but matmuls."""
+    found = _require_units(model, units, f"parallel.activation_checkpointing={mode}")
     kwargs = {}
     if mode == "selective":
         policy = functools.partial(_selective_policy, _save_list())
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
-    for i, (name, block) in enumerate(list(layers.named_children())):
+    for i, (parent, attr, unit) in enumerate(found):
         if i % every == 0:
             # The wrapper's state-dict hooks drop its `_checkpoint_wrapped_module.` prefix, so checkpoints and
             # exports keep the model's own names.
-            layers.register_module(name, checkpoint_wrapper(block, **kwargs))
+            parent.register_module(attr, checkpoint_wrapper(unit, **kwargs))
 
 
-def apply_compile(model: nn.Module) -> None:
-    """Compile each block in place (names unchanged); blocks are identical, so they share one compiled graph."""
-    layers = _require_blocks(model, "parallel.compile")
-    for block in layers.children():
-        block.compile(fullgraph=True)
+def apply_compile(model: nn.Module, units: Sequence[str]) -> None:
+    """Compile each unit in place (names unchanged); identical blocks share one compiled graph."""
+    for _, _, unit in _require_units(model, units, "parallel.compile"):
+        unit.compile(fullgraph=True)
 
 
 # ---- data parallel -----------------------------------------------------------------------------------------
-def apply_fsdp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelConfig) -> None:
-    """FSDP2 per block, then the root (embeddings, final norm, head); HSDP when the mesh is 2-D."""
+def apply_fsdp(model: nn.Module, units: Sequence[str], mesh: ParallelMesh, cfg: ParallelConfig) -> None:
+    """FSDP2 per unit, then the root (whatever no unit holds: embeddings, final norm, head); HSDP on a 2-D mesh."""
     mp = MixedPrecisionPolicy(
         param_dtype=_DTYPES[cfg.param_dtype] if cfg.param_dtype != "fp32" else None,
         reduce_dtype=_DTYPES[cfg.reduce_dtype],
     )
-    layers = _blocks(model)
-    blocks = list(layers.children()) if layers is not None else []
+    blocks = [unit for _, _, unit in parallel_units(model, units)]
     for i, block in enumerate(blocks):
-        # The last block's gathered weights are needed again at once by backward: keep them.
+        # The last unit's gathered weights are needed again at once by backward: keep them.
         reshard = cfg.reshard_after_forward and i < len(blocks) - 1
         fully_shard(block, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
@@ -136,7 +154,7 @@ def apply_ddp(model: nn.Module, mesh: ParallelMesh, device: torch.device, cfg: P
     ddp = DistributedDataParallel(
         model,
         process_group=mesh.dp_group,
-        device_ids=[device.index] if device.type == "cuda" else None,
+        device_ids=[device.index] if device.type != "cpu" else None,
         **no_sync,
     )
     if cfg.reduce_dtype == "bf16":
@@ -174,13 +192,17 @@ def parallelize(
     cfg: ParallelConfig,
     tp_plan: dict[str, ParallelStyle] | None = None,
     device: torch.device | str = "cpu",
+    units: Sequence[str] | None = None,
 ) -> nn.Module:
     """Apply ``cfg`` to ``model`` on ``mesh`` (None: one process) and return the module to train.
 
-    The result is the same module, except with DDP, whose wrapper is returned. A model built on the meta device
-    comes back allocated on ``device`` and initialised.
+    ``units`` default to the ones the model's registered spec declares. The result is the same module, except
+    with DDP, whose wrapper is returned. A model built on the meta device comes back allocated on ``device`` and
+    initialised.
     """
     device = torch.device(device)
+    if units is None:
+        units = spec_of(model).parallel_units
     uses_fsdp = mesh is not None and cfg.data_parallel == "fsdp"
     if cfg.param_dtype != "fp32" and not uses_fsdp:
         raise ConfigError(
@@ -194,11 +216,11 @@ def parallelize(
             raise ConfigError(f"{type(model).__name__} has no tensor-parallel plan; set parallel.tp=1")
         apply_tensor_parallel(model, mesh.tp, tp_plan)
     if cfg.activation_checkpointing != "none":
-        apply_activation_checkpointing(model, cfg.activation_checkpointing, cfg.ac_every)
+        apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model)
+        apply_compile(model, units)
     if uses_fsdp:
-        apply_fsdp(model, mesh, cfg)
+        apply_fsdp(model, units, mesh, cfg)
     if _on_meta(model):
         materialize(model, device)
     if mesh is not None and cfg.data_parallel == "ddp":

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from longboat.config.base import ConfigError
+from longboat.utils.device import resolve_device, use_device
 
 
 @dataclass(frozen=True)
@@ -32,26 +33,15 @@ def launched_world_size() -> int | None:
     return int(value) if value else None
 
 
-def _device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda, but no CUDA device is available")
-    if choice == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    if local_rank >= torch.cuda.device_count():
-        raise ConfigError(
-            f"LOCAL_RANK {local_rank}, but this node has {torch.cuda.device_count()} CUDA devices; start at most "
-            "one process per device (torchrun --nproc_per_node)"
-        )
-    return torch.device("cuda", local_rank)
-
-
 def _backend(choice: str, device: torch.device) -> str:
-    if choice == "nccl" and device.type != "cuda":
+    """gloo on CPU; on an accelerator its own collective library (NCCL, XCCL, ...) beside gloo, which serves the
+    few collectives on CPU tensors (stop flags, checkpoint metadata)."""
+    accel = dist.get_default_backend_for_device(device) if device.type != "cpu" else "gloo"
+    if choice == "nccl" and accel != "nccl":
         raise ConfigError("parallel.backend=nccl needs CUDA devices; use parallel.backend=gloo (or auto) on CPU")
-    if choice == "gloo" or device.type != "cuda":
+    if choice == "gloo" or device.type == "cpu":
         return "gloo"
-    # Gloo beside NCCL serves the few collectives on CPU tensors (stop flags, checkpoint metadata).
-    return "cuda:nccl,cpu:gloo"
+    return f"{device.type}:{accel},cpu:gloo"
 
 
 def init_runtime(backend: str = "auto", device: str = "auto") -> Runtime:
@@ -61,14 +51,15 @@ def init_runtime(backend: str = "auto", device: str = "auto") -> Runtime:
     """
     world = launched_world_size()
     if world is None:
-        return Runtime(device=_device(device, 0))
+        dev = resolve_device(device, 0)
+        use_device(dev)
+        return Runtime(device=dev)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = _device(device, local_rank)
+    dev = resolve_device(device, local_rank)
     be = _backend(backend, dev)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+    use_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(be, rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(be, rank=rank, world_size=world, device_id=dev if dev.type != "cpu" else None)
     return Runtime(rank, world, local_rank, dev, be)
 
 

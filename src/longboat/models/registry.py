@@ -1,27 +1,89 @@
-"""Model registry: architecture name -> (config class, module class), filled by ``@register_model``."""
+"""Model registry: an architecture's name -> its ``ModelSpec``, everything the engine asks about it.
+
+Nothing above ``models/`` names an architecture: the train recipe, ``parallelize`` and the artifact loader
+read the spec. A model family registers its spec in its package ``__init__``; user code does the same from a
+run config's ``plugins:``.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
+import yaml
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel
 
-_MODELS: dict[str, tuple[type[StrictModel], type[nn.Module]]] = {}
+
+class HFInterop(Protocol):
+    """Hugging Face checkpoints in and out for one architecture (the decoder's lives in ``models/llm``)."""
+
+    def families(self) -> list[str]: ...  # HF ``model_type`` values it reads
+    def load(self, hf_dir: str | Path, dtype: str | None = None) -> tuple: ...  # (model, cfg, family, files)
+    def config_fields(self, hf_dir: str | Path) -> dict: ...  # config.json -> fields of the spec's config
+    def read_weights(self, hf_dir: str | Path, cfg: Any) -> dict: ...  # our state dict, our names
+    def export_family(self, cfg: Any, requested: bool | str, source: str | Path | None) -> str: ...
+    def save(self, weights: Any, family: str, out: str | Path, cfg: Any, tokenizer_dir: str | Path | None = None,
+             dtype: str | None = None, max_shard_size: int | str = "5GB") -> Path: ...
 
 
-def register_model(name: str, config_cls: type[StrictModel]) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    def wrap(cls: type[nn.Module]) -> type[nn.Module]:
-        if name in _MODELS:
-            raise ValueError(f"model '{name}' registered twice")
-        _MODELS[name] = (config_cls, cls)
-        return cls
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the engine needs to know about an architecture.
 
-    return wrap
+    ``parallel_units`` name the modules that activation checkpointing, compile and FSDP treat as units: a
+    ``ModuleList``/``ModuleDict`` contributes each child, any other module itself (LeRobot's ``_fsdp_wrap_modules``).
+    ``tensor_parallel(cfg, tp)`` checks that the config can be split ``tp`` ways and returns the plan (module
+    pattern -> parallel style); None: the architecture has no tensor-parallel plan.
+    """
+
+    name: str
+    config: type[StrictModel]
+    module: type[nn.Module]
+    presets: str | None = None  # package whose ``presets/`` folder holds ``<name>.yaml`` config fields
+    parallel_units: tuple[str, ...] = ()
+    tensor_parallel: Callable[[Any, int], dict] | None = None
+    hf: HFInterop | None = None
+
+    def build(self, cfg: StrictModel) -> nn.Module:
+        return self.module(cfg)
+
+    def preset_names(self) -> list[str]:
+        if self.presets is None:
+            return []
+        root = resources.files(self.presets) / "presets"
+        return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+    def load_preset(self, name: str) -> dict:
+        known = self.preset_names()
+        if name not in known:
+            raise ConfigError(f"unknown model preset '{name}' for '{self.name}'; known: {', '.join(known) or 'none'}")
+        return yaml.safe_load((resources.files(self.presets) / "presets" / f"{name}.yaml").read_text())
+
+    def tensor_parallel_plan(self, cfg: StrictModel, tp: int) -> dict | None:
+        """The checked plan for ``tp`` ranks, or None when ``tp == 1``."""
+        if tp == 1:
+            return None
+        if self.tensor_parallel is None:
+            raise ConfigError(f"model '{self.name}' has no tensor-parallel plan; set parallel.tp=1")
+        return self.tensor_parallel(cfg, tp)
 
 
-def get_model(name: str) -> tuple[type[StrictModel], type[nn.Module]]:
+_MODELS: dict[str, ModelSpec] = {}
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    if spec.name in _MODELS:
+        raise ValueError(f"model '{spec.name}' registered twice")
+    _MODELS[spec.name] = spec
+    return spec
+
+
+def get_model(name: str) -> ModelSpec:
     if name not in _MODELS:
         raise ConfigError(f"unknown model architecture '{name}'; known: {', '.join(sorted(_MODELS))}")
     return _MODELS[name]
@@ -29,3 +91,27 @@ def get_model(name: str) -> tuple[type[StrictModel], type[nn.Module]]:
 
 def model_names() -> list[str]:
     return sorted(_MODELS)
+
+
+def spec_of(model: nn.Module) -> ModelSpec:
+    """The spec whose module class ``model`` is (or derives from, as FSDP2's wrapper classes do)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    for spec in _MODELS.values():
+        if isinstance(model, spec.module):
+            return spec
+    raise ConfigError(f"{type(model).__name__} is not a registered model")
+
+
+def hf_spec(hf_dir: str | Path) -> ModelSpec:
+    """The spec that reads the Hugging Face directory ``hf_dir`` (by its config.json ``model_type``)."""
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{hf_dir}: not a Hugging Face checkpoint (no config.json)")
+    try:
+        model_type = json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: cannot read a Hugging Face config: {e}") from None
+    readers = {f: spec for spec in _MODELS.values() if spec.hf is not None for f in spec.hf.families()}
+    if model_type not in readers:
+        raise ConfigError(f"{path}: model_type {model_type!r} is not supported; known: {', '.join(sorted(readers))}")
+    return readers[model_type]

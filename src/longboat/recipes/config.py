@@ -1,4 +1,9 @@
-"""The training run's config: one file for every task, resolved and validated before any work starts."""
+"""The training run's config: one file for every task, resolved and validated before any work starts.
+
+Order: plugins are imported (they may register the task or model), the run's sections are validated, the
+task's data config is validated and the task completes the model fields its data determines, then the model
+config (preset + user fields + data) is validated against its architecture.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,17 @@ from pydantic import Field
 
 from longboat.config.base import ConfigError, StrictModel, apply_overrides, dump_yaml, load_yaml, validate
 from longboat.distributed.config import ParallelConfig
-from longboat.models import get_model
-from longboat.models.llm.presets import load_preset
-from longboat.tasks import get_task
+from longboat.models import ModelSpec, get_model, hf_spec
+from longboat.tasks import Task, get_task
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
+from longboat.utils.plugins import load_plugins
 
 
 class RunConfig(StrictModel):
     task: str = "pretrain"
     run_dir: str = Field(description="where checkpoints, metrics, exports and the resolved config go")
     seed: int = 1234
+    plugins: list[str] = Field(default_factory=list, description="modules or .py files that register tasks/models")
     # Architecture name, optional preset and any field of that architecture's config; resolved below.
     model: dict = Field(default_factory=lambda: {"arch": "decoder", "preset": "tiny"})
     data: dict = Field(default_factory=dict)
@@ -34,6 +40,11 @@ class ResolvedRun:
     arch: str
     model: StrictModel
     data: StrictModel
+    task: Task
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get_model(self.arch)
 
     def to_yaml(self) -> str:
         """The run config with the model preset expanded: enough to rebuild the model from a checkpoint."""
@@ -41,39 +52,48 @@ class ResolvedRun:
         return dump_yaml(full)
 
 
-def resolve_model(spec: dict, source: str) -> tuple[str, StrictModel]:
+def model_fields(spec: dict, source: str) -> tuple[str, dict]:
+    """``(architecture, config fields)`` from a run's ``model:`` section: preset or HF config, then user fields."""
     spec = dict(spec)
     if "hf" in spec:  # start from a Hugging Face directory: its config.json gives the architecture
-        from longboat.models.llm.hf import hf_config_fields
-
         if "arch" in spec or "preset" in spec:
             raise ConfigError(f"{source}: model.hf gives the architecture; drop model.arch and model.preset")
-        arch, fields = hf_config_fields(spec.pop("hf"))
-        config_cls, _ = get_model(arch)
-        return arch, validate(config_cls, {**fields, **spec}, source, prefix="model")
+        hf_dir = spec.pop("hf")
+        model_spec = hf_spec(hf_dir)
+        return model_spec.name, {**model_spec.hf.config_fields(hf_dir), **spec}
     arch = spec.pop("arch", "decoder")
     preset = spec.pop("preset", None)
-    config_cls, _ = get_model(arch)
-    fields = {**(load_preset(preset) if preset else {}), **spec}
-    return arch, validate(config_cls, fields, source, prefix="model")
+    model_spec = get_model(arch)
+    return arch, {**(model_spec.load_preset(preset) if preset else {}), **spec}
 
 
-def resolve(data: dict, source: str = "config") -> ResolvedRun:
+def resolve(data: dict, source: str = "config", base_dir: str | Path | None = None,
+            from_data: bool = True) -> ResolvedRun:
+    """Validate a raw run config. ``from_data=False`` skips asking the data for model fields: a saved run's
+    config already holds them, and its data may have moved since."""
+    plugins = data.get("plugins") or []
+    if plugins:
+        data = {**data, "plugins": load_plugins(plugins if isinstance(plugins, list) else [plugins], base_dir)}
+    else:
+        load_plugins([])
     cfg = validate(RunConfig, data, source)
-    arch, model_cfg = resolve_model(cfg.model, source)
     task = get_task(cfg.task)
-    data_cfg = validate(task.data_config, cfg.data, source, prefix="data")
-    return ResolvedRun(cfg, arch, model_cfg, data_cfg)
+    task_obj = task(validate(task.data_config, cfg.data, source, prefix="data"))
+    arch, fields = model_fields(cfg.model, source)
+    if from_data:
+        fields = task_obj.configure_model(fields)
+    model_cfg = validate(get_model(arch).config, fields, source, prefix="model")
+    return ResolvedRun(cfg, arch, model_cfg, task_obj.data, task_obj)
 
 
-def load_run_config(path: str | os.PathLike, overrides: list[str] = ()) -> ResolvedRun:
+def load_run_config(path: str | os.PathLike, overrides: list[str] = (), from_data: bool = True) -> ResolvedRun:
     """Read ``path`` (with ``inherit:``), apply ``key=value`` overrides, validate every section."""
     raw = apply_overrides(load_yaml(path), list(overrides))
-    return resolve(raw, source=str(path))
+    return resolve(raw, source=str(path), base_dir=Path(path).parent, from_data=from_data)
 
 
 def load_run_dir_config(run_dir: str | os.PathLike) -> ResolvedRun:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    return load_run_config(path)
+    return load_run_config(path, from_data=False)

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import torch
 
-from longboat.checkpoint.dcp import COMPLETE_MARKER, CheckpointManager, load_model_weights
-from longboat.checkpoint.export import EXPORT_CONFIG, load_export_weights, read_export_config
-from longboat.config.base import ConfigError, validate
-from longboat.data.tokenizer import Tokenizer
-from longboat.models import get_model
-from longboat.models.generation import generate
-from longboat.recipes.config import load_run_dir_config
+from longboat.config.base import ConfigError
+from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
+from longboat.models.llm.generation import generate
+from longboat.recipes.artifact import open_artifact
 
 
 @dataclass
@@ -25,31 +22,9 @@ class LoadedModel:
 
 
 def load_for_inference(path: str | Path) -> LoadedModel:
-    """Accept an export dir, a run dir (its export, else its newest checkpoint) or a checkpoint dir."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such export, run directory or checkpoint")
-    if (path / EXPORT_CONFIG).is_file():
-        meta = read_export_config(path)
-        config_cls, model_cls = get_model(meta["arch"])
-        model = model_cls(validate(config_cls, meta["model"], str(path / EXPORT_CONFIG), prefix="model"))
-        load_export_weights(path, model)
-        return LoadedModel(model.eval(), Tokenizer(path), path)
-    if (path / "export" / EXPORT_CONFIG).is_file():
-        return load_for_inference(path / "export")
-    if (path / COMPLETE_MARKER).is_file():  # run_dir/checkpoints/step_N
-        run_dir, checkpoint = path.parent.parent, path
-    elif (path / "config.yaml").is_file():
-        run_dir, checkpoint = path, CheckpointManager(path / "checkpoints").latest()
-        if checkpoint is None:
-            raise ConfigError(f"{path}: run directory has neither an export nor a complete checkpoint")
-    else:
-        raise ConfigError(f"{path}: expected an export ({EXPORT_CONFIG}), a run directory or a checkpoint")
-    resolved = load_run_dir_config(run_dir)
-    _, model_cls = get_model(resolved.arch)
-    model = model_cls(resolved.model)
-    load_model_weights(checkpoint, model)
-    return LoadedModel(model.eval(), Tokenizer(resolved.data.tokenizer), checkpoint)
+    """A language model and its tokenizer from an export, a run directory or a checkpoint."""
+    artifact = open_artifact(path)
+    return LoadedModel(artifact.model, Tokenizer(artifact.asset_file(TOKENIZER_FILE).parent), artifact.source)
 
 
 def generate_text(

@@ -18,10 +18,11 @@ from longboat.checkpoint.export import save_export
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
 from longboat.distributed import resolve_dims, shutdown
-from longboat.models import get_model
+from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
-from longboat.tasks import get_task
+from longboat.trainer.optim import freeze_outside
 from longboat.trainer.trainer import DataParallel, FitResult, Trainer
+from longboat.utils.device import set_threads
 from longboat.utils.logging import console
 from longboat.utils.provenance import provenance
 from longboat.utils.seeding import seed_everything
@@ -29,18 +30,6 @@ from longboat.utils.seeding import seed_everything
 
 def export_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "export"
-
-
-def tensor_parallel_plan(arch: str, model_cfg, tp: int) -> dict | None:
-    """The architecture's TP plan (checked against the model's heads), or None when ``tp == 1``."""
-    if tp == 1:
-        return None
-    if arch == "decoder":
-        from longboat.models.llm.parallel_plan import check_tensor_parallel, tensor_parallel_plan as plan
-
-        check_tensor_parallel(model_cfg, tp)
-        return plan(model_cfg)
-    raise ConfigError(f"model '{arch}' has no tensor-parallel plan; set parallel.tp=1")
 
 
 @contextlib.contextmanager
@@ -57,7 +46,7 @@ def run(resolved: ResolvedRun) -> FitResult:
     cfg = resolved.cfg
     # Checks that need no communication come first, so a wrong mesh fails on every rank instead of hanging.
     dims = resolve_dims(cfg.parallel, launched_world_size() or 1)
-    tp_plan = tensor_parallel_plan(resolved.arch, resolved.model, dims.tp)
+    tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
     if cfg.checkpoint.export_hf:
         _hf_export_family(resolved)  # an unknown or unfit family fails now, not after training
     runtime = init_runtime(cfg.parallel.backend, cfg.train.device)
@@ -67,56 +56,54 @@ def run(resolved: ResolvedRun) -> FitResult:
 
 
 def _run(resolved: ResolvedRun, runtime: Runtime, tp_plan: dict | None) -> FitResult:
-    cfg = resolved.cfg
+    cfg, task, spec = resolved.cfg, resolved.task, resolved.spec
     run_dir = Path(cfg.run_dir)
     if runtime.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(resolved.to_yaml())
         (run_dir / "provenance.json").write_text(json.dumps(provenance(), indent=2) + "\n")
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    set_threads(cfg.train.threads)
     seed_everything(cfg.seed)
     mesh: ParallelMesh | None = build_mesh(cfg.parallel, runtime.device.type) if runtime.distributed else None
     dp = DataParallel(mesh.dp_rank, mesh.dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
-    task = get_task(cfg.task)
     with _local_rank_zero_first(runtime):
-        parts = task.build(resolved.data, resolved.model, cfg.train, cfg.seed, dp_size=dp.size)
-    _, model_cls = get_model(resolved.arch)
+        data = task.build(resolved.model, cfg.train, cfg.seed, dp.size)
     if cfg.parallel.meta_init:
         with torch.device("meta"):
-            model = model_cls(resolved.model)
+            model = spec.build(resolved.model)
     else:
-        model = model_cls(resolved.model).to(runtime.device)
+        model = spec.build(resolved.model).to(runtime.device)
     n_params = sum(p.numel() for p in model.parameters())
-    model = parallelize(model, mesh, cfg.parallel, tp_plan, runtime.device)
+    groups = task.param_groups(model)
+    n_frozen = freeze_outside(model, groups)
+    model = parallelize(model, mesh, cfg.parallel, tp_plan, runtime.device, spec.parallel_units)
     if "hf" in cfg.model:
         _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""
+    frozen = f" ({n_frozen / 1e6:.1f}M frozen)" if n_frozen else ""
     console.print(
-        f"[bold]{cfg.task}[/] · {resolved.arch} {n_params / 1e6:.1f}M parameters · device {runtime.device}"
-        + layout + " · " + " · ".join(f"{k} {v}" for k, v in parts.summary.items())
+        f"[bold]{cfg.task}[/] · {resolved.arch} {n_params / 1e6:.1f}M parameters{frozen} · device {runtime.device}"
+        + layout + " · " + " · ".join(f"{k} {v}" for k, v in data.summary.items())
     )
     trainer = Trainer(
-        cfg.train, cfg.checkpoint, run_dir, model, parts.loss_fn, parts.train, parts.valid,
-        flops_per_unit=parts.flops_per_unit, dp=dp, device=runtime.device, after_step=parts.after_step,
+        cfg.train, cfg.checkpoint, run_dir, model, data.loss_fn, data.train, data.valid,
+        flops_per_unit=task.flops_per_unit(resolved.model), dp=dp, device=runtime.device, hooks=task,
+        param_groups=groups, seed=cfg.seed,
     )
     result = trainer.fit()
     if (cfg.checkpoint.export or cfg.checkpoint.export_hf) and not result.stopped_by_signal:
-        _export(model, resolved, parts.tokenizer_dir, runtime)
+        with trainer.ema.swapped_in() if trainer.ema is not None else contextlib.nullcontext():
+            _export(model, resolved, runtime, ema=trainer.ema is not None)
     return result
 
 
 def _hf_export_family(resolved: ResolvedRun) -> str:
     """``checkpoint.export_hf``'s family: named, else the HF source's, else the one the model config implies."""
-    from longboat.models.llm.hf import get_hf_adapter, infer_family, read_hf_config
-
-    family = resolved.cfg.checkpoint.export_hf
-    if family is True:
-        hf_dir = resolved.cfg.model.get("hf")
-        family = read_hf_config(hf_dir)["model_type"] if hf_dir else infer_family(resolved.model)
-    get_hf_adapter(family).config_to_hf(resolved.model)
-    return family
+    spec = resolved.spec
+    if spec.hf is None:
+        raise ConfigError(f"checkpoint.export_hf: model '{spec.name}' has no Hugging Face format")
+    return spec.hf.export_family(resolved.model, resolved.cfg.checkpoint.export_hf, resolved.cfg.model.get("hf"))
 
 
 def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun, runtime: Runtime) -> None:
@@ -124,33 +111,31 @@ def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun,
 
     Rank 0 reads the files; under FSDP/TP each rank receives only its own shards by broadcast.
     """
-    from longboat.models.llm.hf import get_hf_adapter, read_hf_config, read_hf_weights
-
-    state = {}
-    if runtime.rank == 0:
-        adapter = get_hf_adapter(read_hf_config(hf_dir).get("model_type"))
-        state = read_hf_weights(hf_dir, adapter, resolved.model)
+    state = resolved.spec.hf.read_weights(hf_dir, resolved.model) if runtime.rank == 0 else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=runtime.distributed)
     set_model_state_dict(model, state, options=options)
     console.print(f"weights from {hf_dir}")
 
 
-def _export(model: torch.nn.Module, resolved: ResolvedRun, tokenizer_dir, runtime: Runtime) -> None:
+def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, ema: bool) -> None:
     """Write the safetensors export from rank 0; in a distributed run every rank takes part in the gather."""
+    cfg = resolved.cfg
     weights: torch.nn.Module | dict = model
-    if runtime.distributed or resolved.cfg.checkpoint.export_hf:
+    if runtime.distributed or cfg.checkpoint.export_hf:
         # Gathered tensor by tensor and moved to CPU on rank 0 only: no rank holds a second full copy on device,
         # and the other ranks get an empty dict.
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if runtime.rank == 0 and resolved.cfg.checkpoint.export:
+    if runtime.rank != 0:
+        return
+    assets = resolved.task.export_assets()
+    if cfg.checkpoint.export:
         out = save_export(
-            export_dir(resolved.cfg.run_dir), weights, resolved.arch, resolved.model.model_dump(mode="json"),
-            tokenizer_dir,
+            export_dir(cfg.run_dir), weights, resolved.arch, resolved.model.model_dump(mode="json"), assets,
+            extra=export_metadata(cfg.task, cfg.plugins, ema),
         )
         console.print(f"exported to {out}")
-    if runtime.rank == 0 and resolved.cfg.checkpoint.export_hf:
-        from longboat.models.llm.hf import save_hf_model
-
-        out = save_hf_model(weights, _hf_export_family(resolved), Path(resolved.cfg.run_dir) / "hf",
-                            cfg=resolved.model, tokenizer_dir=tokenizer_dir)
+    if cfg.checkpoint.export_hf:
+        tokenizer_dir = Path(assets["tokenizer.json"]).parent if isinstance(assets.get("tokenizer.json"), Path) else None
+        out = resolved.spec.hf.save(weights, _hf_export_family(resolved), Path(cfg.run_dir) / "hf", resolved.model,
+                                    tokenizer_dir=tokenizer_dir)
         console.print(f"exported Hugging Face checkpoint to {out}")

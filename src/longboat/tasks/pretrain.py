@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.indexed import IndexedDataset, index_path, strip_suffix
-from longboat.data.tokenizer import Tokenizer
-from longboat.models.moe import MoE
-from longboat.tasks.registry import TaskParts, register_task
-from longboat.trainer.trainer import LossFn, LossOutput
-
-IGNORE_INDEX = -100
+from longboat.data.tokenizer import TOKENIZER_FILES, Tokenizer
+from longboat.tasks.base import Task, TaskData, register_task
+from longboat.tasks.lm_loss import make_lm_loss
 
 
 class BlendEntry(StrictModel):
@@ -46,55 +42,6 @@ class PretrainDataConfig(StrictModel):
         return v
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder inside a DistributedDataParallel wrapper (FSDP2 keeps the model's own class)."""
-    return getattr(model, "module", model)
-
-
-def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Load-balance statistics of one forward: the worst layer's busiest and idlest expert relative to the
-    mean load (1 and 1 when balanced) and the fraction of routed token copies dropped by capacity."""
-    load = aux["load"]  # [n_moe_layers, n_experts]
-    mean = load.mean(dim=1).clamp(min=1e-9)
-    return {
-        "moe_aux_loss": aux["loss"].detach(),
-        "moe_load_max": (load.max(dim=1).values / mean).max(),
-        "moe_load_min": (load.min(dim=1).values / mean).min(),
-        "moe_dropped": aux["dropped"].sum() / load.sum().clamp(min=1),
-    }
-
-
-def make_lm_loss(use_position_ids: bool) -> LossFn:
-    """Summed next-token cross-entropy over pre-shifted labels (-100 ignored), plus MoE aux losses in training.
-
-    The trainer divides the sum by the global token count, so the aux loss enters as ``aux * local_count``:
-    after normalisation it is the token-weighted mean of the micro-batches' aux losses.
-    """
-
-    def lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        # Default positions (0..T-1) are computed inside the model; pass ids only when they reset at EOD.
-        logits = model(batch["tokens"], batch["position_ids"] if use_position_ids else None)
-        labels = batch["labels"]
-        loss_sum = F.cross_entropy(
-            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        count = (labels != IGNORE_INDEX).sum()
-        moe_aux = getattr(_unwrap(model), "moe_aux", None)
-        aux = moe_aux() if moe_aux is not None and model.training else None
-        if aux is None:
-            return LossOutput(loss_sum, count, labels.numel())
-        return LossOutput(loss_sum + aux["loss"] * count, count, labels.numel(), moe_metrics(aux))
-
-    return lm_loss
-
-
-def update_expert_biases(model: torch.nn.Module, group=None) -> None:
-    """After an optimizer step: move every bias-balanced MoE router towards equal load (DeepSeek-V3)."""
-    for module in model.modules():
-        if isinstance(module, MoE) and module.cfg.use_expert_bias:
-            module.update_expert_bias(group=group)
-
-
 def check_inputs(cfg: PretrainDataConfig, model_vocab: int) -> Tokenizer:
     """Fail before any work if a file is missing or the tokenizer does not fit the model."""
     tokenizer = Tokenizer(cfg.tokenizer)
@@ -112,36 +59,55 @@ def check_inputs(cfg: PretrainDataConfig, model_vocab: int) -> Tokenizer:
     return tokenizer
 
 
-@register_task("pretrain", PretrainDataConfig)
-def build_pretrain(data: PretrainDataConfig, model_cfg, trainer_cfg, seed: int, dp_size: int) -> TaskParts:
-    from longboat.data.blend import build_gpt_datasets
-    from longboat.data.gpt import GPTDatasetConfig
+@register_task("pretrain")
+class Pretrain(Task):
+    """Next-token prediction over Megatron token files, in the sample order Megatron's GPTDataset builds."""
 
-    tokenizer = check_inputs(data, model_cfg.vocab_size)
-    global_batch = trainer_cfg.micro_batch_size * trainer_cfg.grad_accum * dp_size
-    n_train = trainer_cfg.steps * global_batch
-    n_valid = trainer_cfg.eval_batches * trainer_cfg.micro_batch_size * dp_size
-    cache_dir = data.cache_dir or str(Path(strip_suffix(data.paths[0].path)).parent / "index_cache")
-    gpt_cfg = GPTDatasetConfig(
-        seq_len=data.seq_len,
-        seed=seed,
-        split=data.split,
-        eod_id=tokenizer.eos_id,
-        eod_mask_loss=data.eod_mask_loss,
-        reset_position_ids=data.reset_position_ids,
-        cache_dir=cache_dir,
-    )
-    train, valid, _ = build_gpt_datasets(
-        [(strip_suffix(e.path), e.weight) for e in data.paths], data.split, [n_train, n_valid, 0], gpt_cfg
-    )
-    if train is None:
-        raise ConfigError(f"data.split '{data.split}' gives the training split no documents")
-    return TaskParts(
-        train=train,
-        valid=valid,
-        loss_fn=make_lm_loss(data.reset_position_ids),
-        flops_per_unit=float(model_cfg.flops_per_token(data.seq_len)),
-        tokenizer_dir=Path(data.tokenizer),
-        summary={"train_samples": n_train, "valid_samples": n_valid, "global_batch": global_batch},
-        after_step=update_expert_biases if getattr(getattr(model_cfg, "moe", None), "use_expert_bias", False) else None,
-    )
+    data_config = PretrainDataConfig
+    unit = "tokens"
+
+    def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
+        from longboat.data.blend import build_gpt_datasets
+        from longboat.data.gpt import GPTDatasetConfig
+
+        data: PretrainDataConfig = self.data
+        tokenizer = check_inputs(data, model_cfg.vocab_size)
+        global_batch = train_cfg.micro_batch_size * train_cfg.grad_accum * dp_size
+        n_train = train_cfg.steps * global_batch
+        n_valid = train_cfg.eval_batches * train_cfg.micro_batch_size * dp_size
+        cache_dir = data.cache_dir or str(Path(strip_suffix(data.paths[0].path)).parent / "index_cache")
+        gpt_cfg = GPTDatasetConfig(
+            seq_len=data.seq_len,
+            seed=seed,
+            split=data.split,
+            eod_id=tokenizer.eos_id,
+            eod_mask_loss=data.eod_mask_loss,
+            reset_position_ids=data.reset_position_ids,
+            cache_dir=cache_dir,
+        )
+        train, valid, _ = build_gpt_datasets(
+            [(strip_suffix(e.path), e.weight) for e in data.paths], data.split, [n_train, n_valid, 0], gpt_cfg
+        )
+        if train is None:
+            raise ConfigError(f"data.split '{data.split}' gives the training split no documents")
+        self._seq_len = data.seq_len
+        return TaskData(
+            train=train,
+            valid=valid,
+            loss_fn=make_lm_loss(data.reset_position_ids),
+            summary={"train_samples": n_train, "valid_samples": n_valid, "global_batch": global_batch},
+        )
+
+    def flops_per_unit(self, model_cfg) -> float | None:
+        return float(model_cfg.flops_per_token(self.data.seq_len))
+
+    def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **metrics}
+
+    def export_assets(self) -> dict[str, Path | bytes]:
+        return tokenizer_assets(self.data.tokenizer)
+
+
+def tokenizer_assets(tokenizer_dir: str | Path) -> dict[str, Path | bytes]:
+    """The tokenizer files of ``tokenizer_dir`` that an export carries."""
+    return {name: Path(tokenizer_dir) / name for name in TOKENIZER_FILES if (Path(tokenizer_dir) / name).is_file()}

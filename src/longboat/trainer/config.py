@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from longboat.config.base import StrictModel
+from longboat.trainer.ema import EMAConfig
 from longboat.trainer.optim import OptimizerConfig
 from longboat.trainer.schedule import ScheduleConfig
 
@@ -20,8 +21,9 @@ class TrainerConfig(StrictModel):
     clip_grad_norm: float | None = 1.0
     # Autocast dtype for forward/backward; parameters and optimizer state stay fp32.
     dtype: Literal["fp32", "bf16"] = "fp32"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = Field(default=None, description="CPU threads for torch (None: torch's default)")
+    device: str = Field(default="auto", pattern=r"^[a-z]+$",
+                        description="auto (this machine's accelerator, else cpu), cpu, or an accelerator type: cuda, xpu, mps")
+    threads: int | None = Field(default=None, gt=0, description="CPU threads for torch (None: torch's default)")
     log_every: int = Field(default=10, gt=0)
     eval_every: int = Field(default=0, ge=0, description="0: evaluate only at the end")
     eval_batches: int = Field(default=10, ge=0)
@@ -29,6 +31,8 @@ class TrainerConfig(StrictModel):
     max_consecutive_nonfinite: int = Field(default=5, gt=0)
     num_workers: int = Field(default=2, ge=0)
     tensorboard: bool = True
+    ema: EMAConfig | None = Field(default=None, description="exponential moving average of the weights, used for "
+                                  "evaluation and export")
 
 
 class CheckpointConfig(StrictModel):

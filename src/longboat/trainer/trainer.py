@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import resource
 import signal
 import time
 import warnings
@@ -26,13 +25,16 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from longboat.errors import LongboatError
-from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState
-from longboat.data.loader import ResumableLoader
+from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load_task_state
+from longboat.data.loader import EpochOrder, ResumableLoader
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
+from longboat.trainer.ema import EMA
+from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.metrics import MetricsWriter
 from longboat.trainer.mfu import peak_flops
-from longboat.trainer.optim import build_optimizer
+from longboat.trainer.optim import ParamGroup, build_optimizer
 from longboat.trainer.schedule import build_scheduler
+from longboat.utils.device import peak_memory_mb, resolve_device, set_threads
 from longboat.utils.logging import console, rank
 
 
@@ -70,22 +72,13 @@ class FitResult:
     stopped_by_signal: bool = False
 
 
-def resolve_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise TrainingError("train.device=cuda, but no CUDA device is available")
-    return torch.device(choice)
-
-
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel wrapper (FSDP2 keeps the model's own class)."""
+    return getattr(model, "module", model)
 
 
 class Trainer:
@@ -101,8 +94,9 @@ class Trainer:
         flops_per_unit: float | None = None,
         dp: DataParallel | None = None,
         device: torch.device | None = None,
-        on_checkpoint: Callable[[Path], None] | None = None,
-        after_step: Callable[[nn.Module, dist.ProcessGroup | None], None] | None = None,
+        hooks: TrainerHooks | None = None,
+        param_groups: list[ParamGroup] | None = None,
+        seed: int = 0,
     ):
         self.cfg, self.ckpt_cfg = cfg, checkpoint
         self.run_dir = Path(run_dir)
@@ -112,13 +106,16 @@ class Trainer:
         self.loss_fn = loss_fn
         self.valid_data = valid_data
         self.flops_per_unit = flops_per_unit
-        self.on_checkpoint = on_checkpoint
-        self.after_step = after_step  # called with (model, data-parallel group) after each optimizer step
-        self.optimizer = build_optimizer(model, cfg.optimizer)
+        self.hooks = hooks or TrainerHooks()
+        self.optimizer = build_optimizer(model, cfg.optimizer, param_groups)
         self.scheduler = build_scheduler(self.optimizer, cfg.steps, cfg.schedule)
+        self.ema = EMA(model, cfg.ema) if cfg.ema is not None else None
+        self.global_batch = cfg.micro_batch_size * cfg.grad_accum * self.dp.size
+        self._check_data_size(train_data)
         self.loader = ResumableLoader(
             train_data, cfg.micro_batch_size, self.dp.rank, self.dp.size, cfg.num_workers,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self.device.type != "cpu",
+            epochs=EpochOrder(self.global_batch, seed) if self.hooks.epochs else None,
         )
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=checkpoint.keep)
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
@@ -132,32 +129,59 @@ class Trainer:
         self._peak = peak_flops(self.device, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
         # MFU divides by every device of the job: tensor-parallel ranks share a data-parallel replica's work.
         self._n_devices = dist.get_world_size() if dist.is_initialized() else self.dp.size
+        self._after_optimizer_step = getattr(unwrap(model), "after_optimizer_step", None)
+
+    def _check_data_size(self, data: Dataset) -> None:
+        n = len(data)
+        if self.hooks.epochs and n < self.global_batch:
+            raise TrainingError(
+                f"the training data holds {n} samples, fewer than one global batch of {self.global_batch} "
+                f"(micro_batch_size {self.cfg.micro_batch_size} × grad_accum {self.cfg.grad_accum} × "
+                f"{self.dp.size} data-parallel ranks); lower train.micro_batch_size or add data"
+            )
+        if not self.hooks.epochs and n < self.cfg.steps * self.global_batch:
+            raise TrainingError(
+                f"the training data holds {n} samples, but {self.cfg.steps} steps of global batch "
+                f"{self.global_batch} need {self.cfg.steps * self.global_batch}"
+            )
 
     # ---- state -------------------------------------------------------------------------------------
     def _state(self) -> dict:
-        return {
+        state = {
             "train": ModelOptimizerState(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "trainer": {"step": self.step, "skipped_steps": self.skipped_steps, **self.loader.state_dict()},
         }
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
 
     def save_checkpoint(self) -> Path:
-        path = self.checkpoints.save(self.step, self._state())
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(path)
-        return path
+        return self.checkpoints.save(self.step, self._state(), task_state=self.hooks.state_dict())
 
     def resume(self, path: Path | None = None) -> bool:
         path = path or self.checkpoints.latest()
         if path is None:
             return False
         state = self._state()
+        saved = self.checkpoints.contents(path)
+        missing = [key for key in state if key not in saved]
+        for key in missing:  # e.g. EMA switched on for a run saved without it: it starts from the loaded weights
+            del state[key]
         self.checkpoints.load(path, state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["trainer"]["step"])
         self.skipped_steps = int(state["trainer"]["skipped_steps"])
         self.loader.load_state_dict(state["trainer"])
-        console.print(f"resumed from {path} at step {self.step}")
+        task_state = load_task_state(path)
+        if task_state is not None:
+            self.hooks.load_state_dict(task_state)
+        if self.ema is not None:
+            if "ema" in state:
+                self.ema.load_state_dict(state["ema"])
+            else:
+                self.ema = EMA(self.model, self.cfg.ema)
+        console.print(f"resumed from {path} at step {self.step}" + (f" (without {', '.join(missing)})" if missing else ""))
         return True
 
     # ---- one step ----------------------------------------------------------------------------------
@@ -176,6 +200,15 @@ class Trainer:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
+    def _next_batch(self) -> dict:
+        try:
+            return next(self.loader)
+        except StopIteration:
+            raise TrainingError(
+                f"the training data ran out after {self.loader.consumed} samples ({len(self.loader.dataset)} "
+                "in the dataset)"
+            ) from None
+
     def train_step(self) -> dict:
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -183,7 +216,7 @@ class Trainer:
         units = 0
         extra: dict[str, float] = {}
         for i in range(self.cfg.grad_accum):
-            batch = _to_device(next(self.loader), self.device)
+            batch = _to_device(self._next_batch(), self.device)
             with self._gradient_sync(i == self.cfg.grad_accum - 1):
                 with self._autocast:
                     out = self.loss_fn(self.model, batch)
@@ -210,8 +243,10 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         if finite:
             self.optimizer.step()
-            if self.after_step is not None:
-                self.after_step(self.model, self.dp.group)
+            if self._after_optimizer_step is not None:  # e.g. MoE expert-bias balancing, outside the gradient
+                self._after_optimizer_step(self.dp.group)
+            if self.ema is not None:
+                self.ema.update(self.step + 1)
             self._consecutive_nonfinite = 0
         else:
             self.skipped_steps += 1
@@ -238,22 +273,32 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict | None:
+        """Mean loss over ``eval_batches`` validation micro-batches (EMA weights when on), plus the task's metrics."""
         if self.valid_data is None or self.cfg.eval_batches == 0:
             return None
         self.model.eval()
         loader = ResumableLoader(self.valid_data, self.cfg.micro_batch_size, self.dp.rank, self.dp.size, 0)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _, batch in zip(range(self.cfg.eval_batches), loader):
-            with self._autocast:
-                out = self.loss_fn(self.model, _to_device(batch, self.device))
-            loss_sum += out.loss_sum.double()
-            count += out.count
-        totals = self._all_reduce(torch.stack([loss_sum, count]))
+        sums: dict[str, float] = {}
+        batches = 0
+        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
+            for _, batch in zip(range(self.cfg.eval_batches), loader):
+                with self._autocast:
+                    out = self.loss_fn(self.model, _to_device(batch, self.device))
+                loss_sum += out.loss_sum.double()
+                count += out.count
+                batches += 1
+                for k, v in (out.metrics or {}).items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        names = sorted(sums)
+        values = [loss_sum, count, torch.tensor(float(batches), dtype=torch.float64, device=self.device)]
+        values += [torch.tensor(sums[k], dtype=torch.float64, device=self.device) for k in names]
+        totals = self._all_reduce(torch.stack(values))
         if totals[1].item() == 0:
             return None
-        loss = totals[0].item() / totals[1].item()
-        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        metrics = {k: totals[3 + i].item() / totals[2].item() for i, k in enumerate(names)}
+        return self.hooks.eval_metrics(totals[0].item() / totals[1].item(), metrics)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -275,13 +320,13 @@ class Trainer:
         return bool(flag.item())
 
     def fit(self) -> FitResult:
-        if self.cfg.threads:
-            torch.set_num_threads(self.cfg.threads)
+        set_threads(self.cfg.threads)
         self.model.to(self.device)
         if self.ckpt_cfg.resume:
             self.resume()
         previous_handlers = self._install_signal_handlers()
-        log_keys = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_mb")
+        rate_key = f"{self.hooks.unit}_per_s"
+        log_keys = ("loss", "lr", "grad_norm", "epoch", rate_key, "mfu", "peak_mem_mb")
         window_units, window_start = 0, time.perf_counter()
         last_train, last_valid, stopped = None, None, False
         progress = Progress(
@@ -298,10 +343,12 @@ class Trainer:
                     if self.step % self.cfg.log_every == 0 or self.step == self.cfg.steps:
                         elapsed = time.perf_counter() - window_start
                         rate = window_units / elapsed if elapsed > 0 else 0.0
-                        m["tokens_per_s"] = rate
+                        m[rate_key] = rate
                         if self.flops_per_unit:
                             m["mfu"] = rate * self.flops_per_unit / (self._peak * self._n_devices)
-                        m["peak_mem_mb"] = _peak_memory_mb(self.device)
+                        if self.loader.epoch is not None:
+                            m["epoch"] = self.loader.epoch
+                        m["peak_mem_mb"] = peak_memory_mb(self.device)
                         m["skipped_total"] = self.skipped_steps
                         self.metrics.write(self.step, m)
                         line = MetricsWriter.summary(m, log_keys)
@@ -333,5 +380,5 @@ class Trainer:
         if ev is None:
             return None
         self.metrics.write(self.step, ev, kind="valid")
-        console.print(f"step {self.step} · valid {MetricsWriter.summary(ev, ('loss', 'perplexity'))}")
+        console.print(f"step {self.step} · valid {MetricsWriter.summary(ev, tuple(ev))}")
         return ev["loss"]

@@ -22,9 +22,19 @@ def rng_state() -> dict:
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    acc = _accelerator_module()
+    if acc is not None:
+        state["accelerator"] = acc.get_rng_state_all()
     return state
+
+
+def _accelerator_module():
+    """torch.cuda, torch.xpu, ... when this process has initialised an accelerator with its own RNG."""
+    if not torch.accelerator.is_available():
+        return None
+    module = torch.get_device_module(torch.accelerator.current_accelerator())
+    initialised = getattr(module, "is_initialized", lambda: True)()
+    return module if initialised and hasattr(module, "get_rng_state_all") else None
 
 
 def set_rng_state(state: dict) -> None:
@@ -32,5 +42,7 @@ def set_rng_state(state: dict) -> None:
     name, keys, *tail = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *tail))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("accelerator", state.get("cuda"))  # "cuda": checkpoints of format 1
+    acc = _accelerator_module()
+    if saved is not None and acc is not None:
+        acc.set_rng_state_all(saved)

@@ -1,9 +1,22 @@
 """Decoder-only language models; importing this package registers the "decoder" architecture."""
 
-from longboat.models.llm import model  # noqa: F401  (registers "decoder")
 from longboat.models.llm.cache import KVCache
 from longboat.models.llm.config import DecoderConfig, RopeScaling
+from longboat.models.llm.hf_interop import DecoderHF
 from longboat.models.llm.model import Decoder
-from longboat.models.llm.presets import load_preset, preset_names
+from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
+from longboat.models.registry import ModelSpec, register_model
 
-__all__ = ["Decoder", "DecoderConfig", "KVCache", "RopeScaling", "load_preset", "preset_names"]
+DECODER = register_model(ModelSpec(
+    name="decoder",
+    config=DecoderConfig,
+    module=Decoder,
+    presets="longboat.models.llm",
+    parallel_units=("layers",),
+    tensor_parallel=checked_tensor_parallel_plan,
+    hf=DecoderHF(),
+))
+load_preset = DECODER.load_preset
+preset_names = DECODER.preset_names
+
+__all__ = ["DECODER", "Decoder", "DecoderConfig", "KVCache", "RopeScaling", "load_preset", "preset_names"]

@@ -154,6 +154,11 @@ class DecoderConfig(StrictModel):
         tables = 1 if self.tie_embeddings else 2
         return body + tables * self.vocab_size * d
 
+    def describe(self) -> str:
+        """One line for ``longboat models``."""
+        return (f"{self.num_params() / 1e6:9.1f}M  layers {self.n_layers:3d}  d_model {self.d_model:5d}  "
+                f"heads {self.n_heads}/{self.kv_heads}  vocab {self.vocab_size}")
+
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: 6·(active non-embedding params + output head) + 12·L·H·d_head·S.
 

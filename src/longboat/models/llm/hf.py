@@ -254,7 +254,7 @@ def load_hf_model(hf_dir: str | os.PathLike, dtype: str | torch.dtype | None = N
 
     adapter, cfg = hf_model_config(hf_dir)
     state = read_hf_weights(hf_dir, adapter, cfg)
-    model = get_model(adapter.arch)[1](cfg)
+    model = get_model(adapter.arch).build(cfg)
     model.load_state_dict(state, strict=True)
     target = resolve_dtype(dtype) or _stored_dtype(state)
     return model.to(target).eval(), cfg, adapter.model_type
@@ -273,7 +273,7 @@ def hf_model_config(hf_dir: str | os.PathLike):
     from longboat.models import get_model
 
     adapter = get_hf_adapter(read_hf_config(hf_dir).get("model_type"))
-    config_cls, _ = get_model(adapter.arch)
+    config_cls = get_model(adapter.arch).config
     fields = adapter.config_from_hf(read_hf_config(hf_dir))
     return adapter, validate(config_cls, fields, str(Path(hf_dir) / HF_CONFIG), prefix="model")
 
@@ -282,9 +282,8 @@ def read_hf_weights(hf_dir: str | os.PathLike, adapter: HFAdapter, cfg) -> dict[
     """The checkpoint's tensors under our names, checked against the model ``cfg`` describes (built on meta)."""
     from longboat.models import get_model
 
-    _, model_cls = get_model(adapter.arch)
     with torch.device("meta"):
-        reference = model_cls(cfg).state_dict()
+        reference = get_model(adapter.arch).build(cfg).state_dict()
     state = read_hf_state_dict(hf_dir)
     check_hf_tensors(adapter, cfg, reference, state)
     return adapter.state_dict_from_hf(state, cfg)

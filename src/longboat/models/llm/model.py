@@ -20,7 +20,6 @@ from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.mla import LatentCache, MultiHeadLatentAttention
 from longboat.models.llm.rope import apply_rope, rope_tables
 from longboat.models.moe import MoE
-from longboat.models.registry import register_model
 
 
 class Attention(nn.Module):
@@ -121,7 +120,6 @@ class Block(nn.Module):
         self.feed_forward.init_weights(std, out_std)
 
 
-@register_model("decoder", DecoderConfig)
 class Decoder(nn.Module):
     """Token ids [B, T] -> next-token logits [B, T, vocab]; optionally fills and reads a KV cache."""
 
@@ -191,6 +189,12 @@ class Decoder(nn.Module):
             "load": torch.stack([a["load"] for a in auxes]),
             "dropped": torch.stack([a["dropped"] for a in auxes]),
         }
+
+    def after_optimizer_step(self, dp_group=None) -> None:
+        """Move every bias-balanced MoE router towards equal load (DeepSeek-V3), outside the gradient."""
+        for module in self.modules():
+            if isinstance(module, MoE) and module.cfg.use_expert_bias:
+                module.update_expert_bias(group=dp_group)
 
     def _rope(
         self, T: int, positions: torch.Tensor | None, cache: KVCache | LatentCache | None

@@ -75,3 +75,9 @@ def tensor_parallel_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
     if not cfg.tie_embeddings:
         plan["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
     return plan
+
+
+def checked_tensor_parallel_plan(cfg: DecoderConfig, tp: int) -> dict[str, ParallelStyle]:
+    """The plan for ``tp`` ranks, after checking that each rank can hold whole heads."""
+    check_tensor_parallel(cfg, tp)
+    return tensor_parallel_plan(cfg)

@@ -1,0 +1,94 @@
+"""``open_artifact``: the one way back from an export, a run directory or a checkpoint to a model.
+
+``generate``, ``export`` and ``convert`` (and later ``serve`` and ``eval``) start here. An export is read from
+its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights when it has them
+and the task's assets rebuilt from the task's saved state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from longboat.checkpoint.dcp import COMPLETE_MARKER, CheckpointManager, load_model_weights, load_task_state
+from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
+from longboat.config.base import ConfigError, StrictModel, validate
+from longboat.models import ModelSpec, get_model
+from longboat.recipes.config import load_run_dir_config
+from longboat.utils.plugins import load_plugins
+
+
+@dataclass
+class Artifact:
+    arch: str
+    config: StrictModel  # the architecture's config
+    model: nn.Module  # weights loaded (the EMA's when the artifact has them), in eval mode
+    task: str | None
+    assets: dict[str, Path | bytes]  # the task's export files: name -> file, or its bytes
+    source: Path  # the export or checkpoint directory read
+    ema: bool = False
+    plugins: tuple[str, ...] = ()
+    hf_family: str | None = None  # the HF model_type an export was converted from
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get_model(self.arch)
+
+    def asset_file(self, name: str) -> Path:
+        """The file holding asset ``name``; an error naming the artifact when it has none."""
+        value = self.assets.get(name)
+        if not isinstance(value, Path):
+            raise ExportError(f"{self.source}: no {name} among its assets ({', '.join(sorted(self.assets)) or 'none'})")
+        return value
+
+
+def export_metadata(task: str | None, plugins: list[str] | tuple[str, ...], ema: bool) -> dict:
+    """What an export records besides the model: its task, the plugins that register it, and EMA weights."""
+    return {"task": task, "plugins": list(plugins), "ema": ema}
+
+
+def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact:
+    """Accept an export dir, a run dir (its export, else its newest checkpoint; the checkpoint first with
+    ``prefer_checkpoint``) or a checkpoint dir."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such export, run directory or checkpoint")
+    if (path / EXPORT_CONFIG).is_file():
+        return _open_export(path)
+    run_export = path / "export" / EXPORT_CONFIG
+    if run_export.is_file() and not (prefer_checkpoint and CheckpointManager(path / "checkpoints").latest()):
+        return _open_export(path / "export")
+    if (path / COMPLETE_MARKER).is_file():  # run_dir/checkpoints/step_N
+        return _open_checkpoint(path.parent.parent, path)
+    if (path / "config.yaml").is_file():
+        checkpoint = CheckpointManager(path / "checkpoints").latest()
+        if checkpoint is None:
+            raise ConfigError(f"{path}: run directory has neither an export nor a complete checkpoint")
+        return _open_checkpoint(path, checkpoint)
+    raise ConfigError(f"{path}: expected an export ({EXPORT_CONFIG}), a run directory or a checkpoint")
+
+
+def _open_export(path: Path) -> Artifact:
+    meta = read_export_config(path)
+    plugins = tuple(meta.get("plugins") or ())
+    load_plugins(list(plugins))
+    spec = get_model(meta["arch"])
+    cfg = validate(spec.config, meta["model"], str(path / EXPORT_CONFIG), prefix="model")
+    model = spec.build(cfg)
+    load_export_weights(path, model)
+    assets = {name: path / name for name in meta["assets"]}
+    return Artifact(meta["arch"], cfg, model.eval(), meta.get("task"), assets, path, bool(meta.get("ema")),
+                    plugins, meta.get("hf_family"))
+
+
+def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:
+    resolved = load_run_dir_config(run_dir)
+    model = resolved.spec.build(resolved.model)
+    ema = load_model_weights(checkpoint, model, ema=True)
+    state = load_task_state(checkpoint)
+    if state is not None:
+        resolved.task.load_state_dict(state)
+    return Artifact(resolved.arch, resolved.model, model.eval(), resolved.cfg.task, resolved.task.export_assets(),
+                    checkpoint, ema, tuple(resolved.cfg.plugins))

@@ -1,0 +1,53 @@
+"""Devices through ``torch.accelerator``: CUDA, XPU, MPS and the CPU alike, never one backend by name."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+from longboat.config.base import ConfigError
+
+
+def accelerator_type() -> str | None:
+    """``cuda``, ``xpu``, ``mps``, ... when this machine has an accelerator, else None."""
+    if not torch.accelerator.is_available():
+        return None
+    return torch.accelerator.current_accelerator().type
+
+
+def resolve_device(choice: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto``: this process's accelerator (one per local rank), else the CPU; ``cpu``; or an accelerator type."""
+    acc = accelerator_type()
+    if choice == "cpu" or (choice == "auto" and acc is None):
+        return torch.device("cpu")
+    if choice != "auto" and choice != acc:
+        raise ConfigError(f"train.device={choice}, but this machine's accelerator is {acc or 'none'}; "
+                          f"use train.device=auto or cpu")
+    count = torch.accelerator.device_count()
+    if local_rank >= count:
+        raise ConfigError(f"LOCAL_RANK {local_rank}, but this node has {count} {acc} devices; start at most one "
+                          "process per device (torchrun --nproc_per_node)")
+    return torch.device(acc, local_rank)
+
+
+def use_device(device: torch.device) -> None:
+    """Make ``device`` the current accelerator of this process (collectives and caches use it)."""
+    if device.type != "cpu":
+        torch.accelerator.set_device_index(device.index or 0)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated memory: the accelerator's own counter, or the process's peak resident size on CPU."""
+    if device.type != "cpu":
+        try:
+            return torch.accelerator.max_memory_allocated(device) / 2**20
+        except (RuntimeError, NotImplementedError):  # a backend without memory statistics
+            pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def set_threads(threads: int | None) -> None:
+    """CPU threads for torch's intra-op pool (None: torch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
