@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from longboat.models.llm import Decoder, DecoderConfig
-from longboat.models.llm.hf import from_hf_state_dict, hf_config_dict
 from longboat.models.llm.loss import chunked_cross_entropy
+from tests.models.hf_reference import from_hf_state_dict, hf_config_dict
 
 
 def parse_args() -> argparse.Namespace:

@@ -8,9 +8,10 @@ import torch
 
 from longboat.config.base import ConfigError
 from longboat.data import blend
-from longboat.data.blend import BlendedDataset, blending_indices, build_gpt_datasets, parse_split
+from longboat.data.blend import BlendedDataset, blending_indices, build_gpt_datasets
 from longboat.data.gpt import GPTDataset, GPTDatasetConfig
 from longboat.data.indexed import IndexedDataset, IndexedDatasetWriter
+from longboat.data.split import normalize, parse_split
 
 EOD, SEQ = 1, 32
 
@@ -89,7 +90,7 @@ def test_blending_indices_match_megatron_helper(mcore):
     cases += [([0.1, 0.2, 0.3, 0.4], 50_000), ([0.8, 0.2], 100_000)]
     cases += [(rng.random(d) + 0.01, int(rng.integers(1, 30_000))) for d in (2, 2, 3, 4, 5, 8, 13)]
     for weights, size in cases:
-        weights = blend.normalize(weights)
+        weights = normalize(weights)
         ref_index = np.zeros(size, np.int16)
         ref_sample = np.zeros(size, np.int64)
         helpers.build_blending_indices(ref_index, ref_sample, weights, len(weights), size, False)

@@ -9,7 +9,7 @@ import torch
 
 from longboat.config.base import ConfigError
 from longboat.data import gpt
-from longboat.data.blend import build_gpt_datasets, parse_split
+from longboat.data.blend import build_gpt_datasets
 from longboat.data.gpt import (
     DatasetTooSmallError,
     EmptySplitError,
@@ -18,6 +18,7 @@ from longboat.data.gpt import (
     build_sample_index,
 )
 from longboat.data.indexed import IndexedDataset, IndexedDatasetWriter
+from longboat.data.split import parse_split
 
 EOD, PAD = 1, 3
 SEQ = 32

@@ -20,6 +20,7 @@ from tokenizers import models, pre_tokenizers
 from longboat.cli import data as cli_data
 from longboat.data import tokenize as tokenize_module
 from longboat.data.indexed import IndexedDataset
+from longboat.data.text_sources import TextSourceError
 from longboat.data.tokenize import tokenize_to_indexed
 from longboat.data.tokenizer import Tokenizer, TokenizerError, train_bpe
 
@@ -153,7 +154,7 @@ def _fails(tmp_path, tok_dir, inputs, error, pattern, **kw):
 
 
 def test_missing_inputs(tmp_path, tok_dir):
-    _fails(tmp_path, tok_dir, [], FileNotFoundError, "no input files")
+    _fails(tmp_path, tok_dir, [], TextSourceError, "no input files")
     _fails(tmp_path, tok_dir, [tmp_path / "nope.jsonl"], FileNotFoundError,
            re.escape(f"{tmp_path}/nope.jsonl: input file not found"))
     _fails(tmp_path, tok_dir, [str(tmp_path / "*.parquet")], FileNotFoundError, "no files match")
@@ -164,28 +165,28 @@ def test_missing_inputs(tmp_path, tok_dir):
 def test_missing_text_key_names_file_and_line(tmp_path, tok_dir, workers):
     src = tmp_path / "in.jsonl"
     src.write_text('{"text": "ok"}\n\n{"content": "no text key"}\n')
-    _fails(tmp_path, tok_dir, [src], TokenizerError, re.escape(f"{src}:3: no key 'text'") + ".*'content'",
+    _fails(tmp_path, tok_dir, [src], TextSourceError, re.escape(f"{src}:3: no key 'text'") + ".*'content'",
            workers=workers)
 
 
 def test_bad_jsonl_rows(tmp_path, tok_dir):
     src = tmp_path / "in.jsonl"
     src.write_text('{"text": "ok"}\n{"text": \n')
-    _fails(tmp_path, tok_dir, [src], TokenizerError, re.escape(f"{src}:2: not valid JSON"))
+    _fails(tmp_path, tok_dir, [src], TextSourceError, re.escape(f"{src}:2: not valid JSON"))
     src.write_text('{"text": 5}\n')
-    _fails(tmp_path, tok_dir, [src], TokenizerError, re.escape(f"{src}:1: 'text' is int, expected a string"))
+    _fails(tmp_path, tok_dir, [src], TextSourceError, re.escape(f"{src}:1: 'text' is int, expected a string"))
 
 
 def test_parquet_without_column(tmp_path, tok_dir):
     pq.write_table(pa.table({"content": ["a"]}), tmp_path / "in.parquet")
-    _fails(tmp_path, tok_dir, [tmp_path / "in.parquet"], TokenizerError,
+    _fails(tmp_path, tok_dir, [tmp_path / "in.parquet"], TextSourceError,
            re.escape(f"{tmp_path}/in.parquet: no column 'text' (columns: content)"))
 
 
 def test_bad_tokenizer_and_options(tmp_path, tok_dir):
     src = _write_jsonl(tmp_path / "in.jsonl", ["a"])
     _fails(tmp_path, tmp_path / "none", [src], TokenizerError, "tokenizer directory not found")
-    _fails(tmp_path, tok_dir, [src], TokenizerError, "txt_mode 'words'", txt_mode="words")
+    _fails(tmp_path, tok_dir, [src], TextSourceError, "txt_mode 'words'", txt_mode="words")
     _fails(tmp_path, tok_dir, [src], TokenizerError, "workers must be at least 1", workers=0)
 
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from longboat.config.base import ConfigError, validate
 from longboat.models import build_model, model_names
 from longboat.models.llm import Decoder, DecoderConfig, load_preset, preset_names
-from longboat.models.llm.hf import from_hf_state_dict, hf_architecture, hf_config_dict
 from longboat.models.llm.loss import chunked_cross_entropy
+from tests.models.hf_reference import from_hf_state_dict, hf_architecture, hf_config_dict
 
 transformers = pytest.importorskip("transformers")
 

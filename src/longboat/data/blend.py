@@ -9,55 +9,22 @@ each file's split to ``ceil(ceil(n * w) * (1 + surplus))`` samples and interleav
 from __future__ import annotations
 
 import math
-import re
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from longboat.config.base import ConfigError
-from longboat.data.gpt import SPLIT_NAMES, GPTDataset, GPTDatasetConfig, GPTDatasetError, cached_arrays
+from longboat.data.gpt import GPTDataset, GPTDatasetConfig, GPTDatasetError
+from longboat.data.index_cache import cached_arrays
 from longboat.data.indexed import IndexedDataset
+from longboat.data.split import SPLIT_NAMES, normalize, parse_split
 
-_NUMBER = r"\s*(\d+\.?\d*|\.\d+)\s*"
-_SPLIT_RE = re.compile(rf"{_NUMBER}(?:[,/]{_NUMBER}){{0,2}}")
 _MIN_GUESS, _MAX_GUESS = 1 << 10, 1 << 16  # steps guessed at once
 
 
 class BlendOversampleError(GPTDatasetError):
     """The blend draws more samples from a file than were built for it."""
-
-
-def normalize(weights: Sequence[float]) -> list[float]:
-    """Weights divided by their sum, in float64 (the same arithmetic as Megatron's ``normalize``)."""
-    w = np.asarray(weights, dtype=np.float64)
-    return (w / np.sum(w)).tolist()
-
-
-def split_weights(split: str) -> list[float]:
-    """``"969,30,1"`` -> normalised [train, valid, test] weights; missing parts are 0."""
-    if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
-        raise ConfigError(
-            f"split {split!r}: expected up to three non-negative numbers separated by commas, e.g. '969,30,1'"
-        )
-    parts = [float(p) for p in re.split(r"[,/]", split)]
-    if sum(parts) <= 0:
-        raise ConfigError(f"split {split!r}: the weights sum to zero; give at least one split a positive weight")
-    return normalize(parts + [0.0] * (len(SPLIT_NAMES) - len(parts)))
-
-
-def parse_split(split: str, num_documents: int) -> list[tuple[int, int] | None]:
-    """Document ranges ``[start, end)`` of train/valid/test for a file of ``num_documents``; ``None`` for a
-    split of weight 0. Bounds are the cumulative weights times the count, rounded half to even (Python's
-    ``round``), as Megatron computes them.
-    """
-    ranges: list[tuple[int, int] | None] = []
-    low, n = 0.0, float(num_documents)
-    for weight in split_weights(split):
-        high = low + weight
-        ranges.append(None if high <= low else (int(round(low * n)), int(round(high * n))))
-        low = high
-    return ranges
 
 
 def surplus_size(num_samples: int, weight: float, surplus: float) -> int:
@@ -152,8 +119,8 @@ def _rank_within(dataset_index: np.ndarray, n_datasets: int) -> np.ndarray:
 class BlendedDataset(torch.utils.data.Dataset):
     """``size`` samples interleaved from ``datasets`` in proportion to ``weights`` (normalised).
 
-    Items are the chosen dataset's items plus ``dataset_id``. The order is deterministic (Megatron's rule
-    uses no randomness); ``seed`` is accepted for a uniform call but does not change it.
+    Items are the chosen dataset's items plus ``dataset_id``. The order is deterministic: Megatron's rule
+    uses no randomness.
     """
 
     def __init__(
@@ -161,7 +128,7 @@ class BlendedDataset(torch.utils.data.Dataset):
         datasets: Sequence[torch.utils.data.Dataset],
         weights: Sequence[float],
         size: int,
-        seed: int | None = None,
+        *,
         cache_dir: str | None = None,
     ):
         if not datasets or len(datasets) != len(weights):
@@ -172,7 +139,7 @@ class BlendedDataset(torch.utils.data.Dataset):
             raise ValueError(f"blend weights must be positive, got {list(weights)}")
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
-        self.datasets, self.weights, self.size, self.seed = list(datasets), normalize(weights), int(size), seed
+        self.datasets, self.weights, self.size = list(datasets), normalize(weights), int(size)
         keys = [getattr(ds, "cache_key", None) for ds in self.datasets]
         description = {"format": 1, "datasets": keys, "weights": self.weights, "size": self.size}
         arrays, self.from_cache = cached_arrays(
@@ -251,5 +218,5 @@ def build_gpt_datasets(
             for ds, r, w in zip(indexed, ranges, weights)
         ]
         size = sum(surplus_size(n, w, 0.0) for w in weights)
-        out.append(BlendedDataset(parts, weights, size, config.seed, config.cache_dir))
+        out.append(BlendedDataset(parts, weights, size, cache_dir=config.cache_dir))
     return tuple(out)

@@ -12,13 +12,8 @@ so "document" below means a sequence of the file.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
-import shutil
-import uuid
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -26,10 +21,11 @@ from pydantic import Field, field_validator, model_validator
 
 from longboat.errors import LongboatError
 from longboat.config.base import StrictModel
+from longboat.data.index_cache import cache_key, cached_arrays
 from longboat.data.indexed import IndexedDataset
 from longboat.data.labels import IGNORE_INDEX
+from longboat.data.split import SPLIT_NAMES, split_weights
 
-SPLIT_NAMES = ("train", "valid", "test")
 # Megatron pads a short final sample with -1 (never a real token id) when the tokenizer has no pad token.
 PAD_SENTINEL = -1
 # The last epoch is shuffled on its own when it supplies fewer than this share of a full epoch's samples.
@@ -69,8 +65,6 @@ class GPTDatasetConfig(StrictModel):
     @field_validator("split")
     @classmethod
     def _check_split(cls, value: str) -> str:
-        from longboat.data.blend import split_weights  # blend imports this module
-
         split_weights(value)
         return value
 
@@ -184,59 +178,6 @@ def build_shuffle_index(num_first: int, total: int, rng: np.random.RandomState) 
     last = np.arange(num_first, total, dtype=dtype)
     rng.shuffle(last)
     return np.concatenate((first, last))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Cache
-
-
-def cache_key(description: dict) -> str:
-    """Stable short hash of a JSON-able description (names the cache directory)."""
-    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def cached_arrays(
-    cache_dir: str | os.PathLike | None,
-    kind: str,
-    description: dict,
-    build: Callable[[], dict[str, np.ndarray]],
-    note: dict | None = None,
-) -> tuple[dict[str, np.ndarray], bool]:
-    """Load ``kind-<hash of description>/*.npy`` or build and save them; returns (arrays, cache_hit).
-
-    ``description`` holds everything the arrays depend on; ``note`` is only written beside them for people.
-
-    The directory is written under a temporary name and renamed, so readers never see a partial one and
-    concurrent builders (several ranks) simply keep the first finished copy.
-    """
-    if cache_dir is None:
-        return build(), False
-    final = Path(cache_dir) / f"{kind}-{cache_key(description)}"
-    if final.is_dir():
-        try:
-            arrays = {p.stem: np.load(p, mmap_mode="r") for p in sorted(final.glob("*.npy"))}
-        except (OSError, ValueError) as err:
-            raise GPTDatasetError(f"{final}: unreadable index cache ({err}); delete the directory to rebuild") from None
-        if not arrays:
-            raise GPTDatasetError(f"{final}: index cache holds no arrays; delete the directory to rebuild")
-        return arrays, True
-    arrays = build()
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.mkdir(parents=True)
-        for name, array in arrays.items():
-            np.save(tmp / f"{name}.npy", array)
-        (tmp / "description.json").write_text(json.dumps({**description, **(note or {})}, indent=2, sort_keys=True))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first; its copy is identical
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return arrays, False
 
 
 def _fingerprint(lengths: np.ndarray) -> str:

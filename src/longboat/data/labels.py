@@ -1,3 +1,3 @@
-"""Label value that no loss counts: the data layer writes it, losses skip it."""
+"""Label value that no loss counts; the data layer writes it, losses skip it."""
 
 IGNORE_INDEX = -100

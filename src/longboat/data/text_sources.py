@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from longboat.data.tokenizer import TokenizerError
 from longboat.errors import LongboatError
 
 TXT_MODES = ("file", "paragraph", "line")
@@ -23,7 +22,11 @@ _MAX_BATCH_BYTES = 1 << 20  # also cut batches here: long documents still make m
 _PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t\r]*\n)+")  # one or more blank (or whitespace-only) lines
 
 
-class TextSourceError(LongboatError, FileNotFoundError):
+class TextSourceError(LongboatError, ValueError):
+    """Text inputs cannot be read as documents: a bad option, row, column or encoding."""
+
+
+class TextInputNotFoundError(TextSourceError, FileNotFoundError):
     """An input path or glob names no readable text file."""
 
 
@@ -40,18 +43,18 @@ class Batch:
 def expand_inputs(patterns: Sequence[str | os.PathLike]) -> list[Path]:
     """Files named by paths or glob patterns, in the given order (globs sorted), without repeats."""
     if not patterns:
-        raise TextSourceError("no input files given (pass at least one path or glob)")
+        raise TextInputNotFoundError("no input files given (pass at least one path or glob)")
     files: list[Path] = []
     for pattern in map(str, patterns):
         if glob.has_magic(pattern):
             matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not matches:
-                raise TextSourceError(f"{pattern}: no files match this pattern")
+                raise TextInputNotFoundError(f"{pattern}: no files match this pattern")
             files.extend(map(Path, matches))
         elif os.path.isdir(pattern):
-            raise TextSourceError(f"{pattern}: is a directory; pass files or a glob such as {pattern}/*.jsonl")
+            raise TextInputNotFoundError(f"{pattern}: is a directory; pass files or a glob such as {pattern}/*.jsonl")
         elif not os.path.isfile(pattern):
-            raise TextSourceError(f"{pattern}: input file not found")
+            raise TextInputNotFoundError(f"{pattern}: input file not found")
         else:
             files.append(Path(pattern))
     return list(dict.fromkeys(files))
@@ -71,9 +74,9 @@ def iter_batches(
 ) -> Iterator[Batch]:
     """Raw batches of at most ``batch_size`` documents, file by file, in order."""
     if txt_mode not in TXT_MODES:
-        raise TokenizerError(f"txt_mode {txt_mode!r} is not one of {', '.join(TXT_MODES)}")
+        raise TextSourceError(f"txt_mode {txt_mode!r} is not one of {', '.join(TXT_MODES)}")
     if batch_size < 1:
-        raise TokenizerError(f"batch_size must be at least 1, got {batch_size}")
+        raise TextSourceError(f"batch_size must be at least 1, got {batch_size}")
     return _batches(paths, text_key, txt_mode, batch_size)  # options checked now, files read lazily
 
 
@@ -108,15 +111,15 @@ def batch_texts(batch: Batch, text_key: str = "text") -> list[str]:
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise TokenizerError(f"{where}: not valid JSON ({e})") from None
+            raise TextSourceError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(row, dict):
-            raise TokenizerError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
+            raise TextSourceError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
         if text_key not in row:
             keys = ", ".join(map(repr, list(row)[:10]))
-            raise TokenizerError(f"{where}: no key {text_key!r} in this row (keys: {keys}); set the text key")
+            raise TextSourceError(f"{where}: no key {text_key!r} in this row (keys: {keys}); set the text key")
         text = row[text_key]
         if not isinstance(text, str):
-            raise TokenizerError(f"{where}: {text_key!r} is {type(text).__name__}, expected a string")
+            raise TextSourceError(f"{where}: {text_key!r} is {type(text).__name__}, expected a string")
         texts.append(text)
     return texts
 
@@ -133,7 +136,7 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise TokenizerError(f"{path}: not UTF-8 text ({e})") from None
+        raise TextSourceError(f"{path}: not UTF-8 text ({e})") from None
 
 
 def _whole_files(paths: list[Path], batch_size: int) -> Iterator[Batch]:
@@ -181,21 +184,21 @@ def _parquet_batches(path: Path, text_key: str, batch_size: int) -> Iterator[Bat
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
-        raise TokenizerError(f"{path}: cannot read as parquet: {e}") from None
+        raise TextSourceError(f"{path}: cannot read as parquet: {e}") from None
     schema = pf.schema_arrow
     if text_key not in schema.names:
-        raise TokenizerError(
+        raise TextSourceError(
             f"{path}: no column {text_key!r} (columns: {', '.join(schema.names)}); set the text key"
         )
     col_type = schema.field(text_key).type
     if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
-        raise TokenizerError(f"{path}: column {text_key!r} is {col_type}, expected strings")
+        raise TextSourceError(f"{path}: column {text_key!r} is {col_type}, expected strings")
     row = 1
     for record_batch in pf.iter_batches(batch_size=batch_size, columns=[text_key]):
         texts = record_batch.column(0).to_pylist()
         if record_batch.column(0).null_count:
             bad = row + texts.index(None)
-            raise TokenizerError(f"{path}: row {bad}: column {text_key!r} is null")
+            raise TextSourceError(f"{path}: row {bad}: column {text_key!r} is null")
         yield from _chunk(texts, lambda i, items, r=row: Batch("text", str(path), r + i, items), batch_size)
         row += len(texts)
 

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 from tokenizers import Tokenizer as _Backend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from longboat.data.text_sources import expand_inputs, iter_text_batches
 from longboat.errors import LongboatError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -172,9 +173,6 @@ def train_bpe(
 
     Byte-level means every string survives ``decode(encode(x)) == x``; ``<|endoftext|>`` is the eos.
     """
-    # Imported here: text_sources raises TokenizerError, defined above.
-    from longboat.data.text_sources import expand_inputs, iter_text_batches
-
     special_tokens = list(dict.fromkeys([EOS_TOKEN, *special_tokens]))
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + len(special_tokens):

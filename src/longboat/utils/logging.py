@@ -16,10 +16,6 @@ console = Console(stderr=False, highlight=False, soft_wrap=True, quiet=rank() !=
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def info(msg: str) -> None:
-    console.print(msg)
-
-
 def error(msg: str) -> None:
     prefix = f"[rank {rank()}] " if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 else ""
     # Escaped: "[rank 1]" and values such as "data.paths=[a]" would otherwise be read as markup and vanish.

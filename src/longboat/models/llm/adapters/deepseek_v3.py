@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from longboat.models.llm.adapters.llama import DENSE_NAMES
 from longboat.models.llm.adapters.mixtral import MoEAdapter, moe_names
-from longboat.models.llm.hf import HFConversionError, NameMap, register_hf_adapter, reject, rope_from_hf, rope_to_hf
+from longboat.models.llm.hf.adapter import (
+    HFConversionError,
+    NameMap,
+    register_hf_adapter,
+    reject,
+    rope_from_hf,
+    rope_to_hf,
+)
 
 _KEEP = ("embed_tokens", "model.norm", "lm_head", "mlp.", "layernorm.weight")  # dense names MLA layers reuse
 MLA_NAMES = [

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from longboat.models.llm.hf import HFAdapter, HFConversionError, NameMap, register_hf_adapter, reject, rope_from_hf
-from longboat.models.llm.hf import rope_to_hf
+from longboat.models.llm.hf.adapter import (
+    HFAdapter,
+    HFConversionError,
+    NameMap,
+    register_hf_adapter,
+    reject,
+    rope_from_hf,
+    rope_to_hf,
+)
 
 DENSE_NAMES = NameMap([
     ("model.embed_tokens.weight", "tok_embeddings.weight"),

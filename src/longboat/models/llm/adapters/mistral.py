@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from longboat.models.llm.adapters.llama import DenseAdapter
-from longboat.models.llm.hf import register_hf_adapter
+from longboat.models.llm.hf.adapter import register_hf_adapter
 
 
 @register_hf_adapter("mistral")

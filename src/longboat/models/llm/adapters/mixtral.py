@@ -13,7 +13,7 @@ import re
 import torch
 
 from longboat.models.llm.adapters.llama import DENSE_NAMES, DenseAdapter
-from longboat.models.llm.hf import HFConversionError, NameMap, register_hf_adapter
+from longboat.models.llm.hf.adapter import HFConversionError, NameMap, register_hf_adapter
 
 OURS = {"w1": "w1", "w2": "w2", "w3": "w3"}  # our stacked projections: gate, down, up
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from longboat.models.llm.adapters.llama import DenseAdapter, is_dense
-from longboat.models.llm.hf import register_hf_adapter, reject
+from longboat.models.llm.hf.adapter import register_hf_adapter, reject
 
 
 def full_attention_only(hf: dict) -> None:

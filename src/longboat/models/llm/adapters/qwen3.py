@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from longboat.models.llm.adapters.llama import DenseAdapter, is_dense
 from longboat.models.llm.adapters.qwen2 import full_attention_only
-from longboat.models.llm.hf import register_hf_adapter, reject
+from longboat.models.llm.hf.adapter import register_hf_adapter, reject
 
 
 @register_hf_adapter("qwen3")

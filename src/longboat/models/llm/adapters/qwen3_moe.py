@@ -5,7 +5,7 @@ from __future__ import annotations
 from longboat.models.llm.adapters.llama import DENSE_NAMES
 from longboat.models.llm.adapters.mixtral import MoEAdapter, moe_names
 from longboat.models.llm.adapters.qwen2 import full_attention_only
-from longboat.models.llm.hf import HFConversionError, NameMap, register_hf_adapter, reject
+from longboat.models.llm.hf.adapter import HFConversionError, NameMap, register_hf_adapter, reject
 
 
 @register_hf_adapter("qwen3_moe")
