@@ -20,6 +20,8 @@ from longboat.trainer.metrics import read_metrics
 from tests.conftest import REPO, run_longboat
 from tests.distributed.conftest import finish, start
 
+pytestmark = pytest.mark.slow
+
 PLUGIN = REPO / "tests" / "plugins" / "toy_policy.py"
 N, STATE, ACTION = 240, 5, 3
 STEPS, BATCH = 24, 16  # 216 training samples: 13 global batches an epoch, so 24 steps run into a second epoch
@@ -134,7 +136,6 @@ def test_bad_data_config_and_too_little_data_fail_in_one_line(reference, tmp_pat
     assert missing.returncode == 2 and "plugin" in missing.stderr and "nope.py" in missing.stderr
 
 
-@pytest.mark.slow
 def test_resumes_bitwise_after_sigkill_ema_included(reference, tmp_path):
     ref_tmp, data, _ = reference
     cfg = write_config(tmp_path, data)
@@ -149,7 +150,6 @@ def test_resumes_bitwise_after_sigkill_ema_included(reference, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
 def test_two_ranks_follow_the_single_process(reference, tmp_path, layout):
     ref_tmp, data, _ = reference

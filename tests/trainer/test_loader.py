@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from longboat.data.loader import ConsecutiveBatchSampler, ResumableLoader
@@ -23,3 +24,27 @@ def test_resume_continues_exactly_with_workers():
     tail = [b["tokens"] for b in second]
     assert len(full) == 16
     assert all(torch.equal(x, y) for x, y in zip(full, head + tail))
+
+
+def test_epochs_reshuffle_drop_the_remainder_and_resume_exactly():
+    from longboat.data.loader import EpochBatchSampler
+
+    def take(rank, consumed=0, n=10):
+        it = iter(EpochBatchSampler(23, 2, rank, 2, global_batch=8, seed=7, consumed=consumed))
+        return [next(it) for _ in range(n)]
+
+    a, b = take(0), take(1)
+    first_epoch = [i for batch in a[:4] + b[:4] for i in batch]  # 16 of 23 samples: two whole global batches
+    assert len(set(first_epoch)) == 16 and all(0 <= i < 23 for i in first_epoch)
+    second_epoch = [i for batch in a[4:8] + b[4:8] for i in batch]
+    assert len(set(second_epoch)) == 16 and second_epoch != first_epoch  # a new permutation
+    assert take(0, consumed=12, n=4) == a[3:7]  # resumed mid-epoch and across the epoch boundary
+
+
+def test_loader_reports_epochs():
+    from longboat.data.loader import EpochOrder
+
+    loader = ResumableLoader(RandomTokens(20, 8, 50), 4, epochs=EpochOrder(global_batch=8, seed=0))
+    for _ in range(5):
+        next(loader)
+    assert loader.epoch == pytest.approx(20 / 16)
