@@ -47,8 +47,10 @@ def measured_cpu_peak_flops(dtype: torch.dtype = torch.float32, n: int = 1024, r
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
-    if device.type == "cuda":
-        peak = gpu_peak_flops(torch.cuda.get_device_name(device))
+    """The accelerator's table entry by its device name, else (CPU, or a device not in the table) a measurement."""
+    device_name = getattr(torch.get_device_module(device.type), "get_device_name", None) if device.type != "cpu" else None
+    if device_name is not None:
+        peak = gpu_peak_flops(device_name(device))
         if peak is not None:
             return peak if dtype != torch.float32 else peak / 2  # TF32 rate is half of bf16
     return measured_cpu_peak_flops(dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32)

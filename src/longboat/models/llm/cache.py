@@ -37,9 +37,6 @@ class StaticCache:
     def advance(self, n: int) -> None:
         self.length += n
 
-    def reset(self) -> None:
-        self.length = 0
-
 
 class KVCache(StaticCache):
     """Keys and values [n_layers, B, n_kv_heads, max_len, head_dim] for grouped-query attention."""
