@@ -5,27 +5,44 @@ torch.compile and selective activation checkpointing, on synthetic tokens.
     torchrun --nproc_per_node=8 bench/gpu_train.py --batch 2         # per-rank micro-batch; FSDP over 8 GPUs
     torchrun --nproc_per_node=1 bench/gpu_train.py --tiny            # CPU dry run of the same code path
 
-A step is forward + next-token loss + backward + gradient clipping + AdamW, as the Trainer does it. Runs on
-torch >= 2.11.
+A step is ``Trainer.train_step()``, as training runs it: fetch a batch, forward, the pretraining loss, backward,
+gradient clipping, AdamW and the schedule. Runs on torch >= 2.11.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch.utils.data import Dataset
 
 from longboat.distributed import ParallelConfig, build_mesh, init_runtime, parallelize, shutdown
-from longboat.models import get_model
-from longboat.models.llm import DecoderConfig, load_preset
+from longboat.models.llm import DECODER, DecoderConfig, load_preset
+from longboat.tasks.lm_loss import make_lm_loss
+from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.mfu import peak_flops
-from longboat.trainer.optim import OptimizerConfig, build_optimizer
+from longboat.trainer.optim import OptimizerConfig
+from longboat.trainer.trainer import DataParallel, Trainer
 
 TINY = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+
+
+class RandomTokens(Dataset):
+    """Synthetic rows of ``seq`` tokens with pre-shifted labels, as the data layer serves them."""
+
+    def __init__(self, n: int, seq: int, vocab: int):
+        self.n, self.seq, self.vocab = n, seq, vocab
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x = torch.randint(0, self.vocab, (self.seq + 1,), generator=torch.Generator().manual_seed(i))
+        return {"tokens": x[:-1], "labels": x[1:]}
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,33 +75,34 @@ def main() -> None:
     mesh = build_mesh(cfg, runtime.device.type)
     fields = TINY if args.tiny else load_preset(args.preset)
     model_cfg = DecoderConfig(**{**fields, "max_seq_len": args.seq})
-    _, model_cls = get_model("decoder")
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = model_cls(model_cfg)
+        model = DECODER.build(model_cfg)
     model = parallelize(model, mesh, cfg, device=runtime.device)
-    optimizer = build_optimizer(model, OptimizerConfig(implementation="foreach" if args.tiny else "fused"))
-
-    def step() -> float:
-        tokens = torch.randint(0, model_cfg.vocab_size, (args.batch, args.seq + 1), device=runtime.device)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    dp = DataParallel(mesh.dp_rank, mesh.dims.dp, mesh.dp_group)
+    n_steps = args.warmup + args.steps
+    train_cfg = TrainerConfig(
+        steps=n_steps, micro_batch_size=args.batch, clip_grad_norm=1.0, log_every=10**9, tensorboard=False,
+        optimizer=OptimizerConfig(implementation="foreach" if args.tiny else "fused"),
+        num_workers=0 if args.tiny else 2,
+    )
+    data = RandomTokens(n_steps * args.batch * dp.size, args.seq, model_cfg.vocab_size)
 
     times = []
-    for i in range(args.warmup + args.steps):
-        if runtime.device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = step()
-        if runtime.device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(
+            train_cfg, CheckpointConfig(export=False), run_dir, model, make_lm_loss(False), data,
+            flops_per_unit=float(model_cfg.flops_per_token(args.seq)), dp=dp, device=runtime.device,
+        )
+        for i in range(n_steps):
+            if runtime.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss = trainer.train_step()["loss"]
+            if runtime.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     tokens_per_s = args.batch * args.seq * runtime.world_size / step_s
     peak = peak_flops(runtime.device, torch.bfloat16) * runtime.world_size

@@ -1,4 +1,4 @@
-"""Decoder: logits parity with transformers, KV cache, meta-device init, config and presets, fused loss."""
+"""Decoder: logits parity with transformers, KV cache, meta-device init, config and presets."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from longboat.config.base import ConfigError, validate
 from longboat.models import build_model, model_names
 from longboat.models.llm import Decoder, DecoderConfig, load_preset, preset_names
-from longboat.models.llm.loss import chunked_cross_entropy
 from tests.models.hf_reference import from_hf_state_dict, hf_architecture, hf_config_dict
 
 transformers = pytest.importorskip("transformers")
@@ -179,40 +177,3 @@ def test_flops_per_token():
     cfg = DecoderConfig(**load_preset("tiny"))
     n = cfg.num_params(include_embeddings=False) + cfg.vocab_size * cfg.d_model
     assert cfg.flops_per_token(512) == 6 * n + 12 * 4 * 4 * 64 * 512
-
-
-@pytest.mark.parametrize("ignored", [False, True])
-def test_chunked_cross_entropy_matches_cross_entropy(ignored):
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(3, 50, 32, generator=g, requires_grad=True)
-    weight = (0.3 * torch.randn(200, 32, generator=g)).requires_grad_()
-    labels = torch.randint(0, 200, (3, 50), generator=g)
-    if ignored:
-        labels[:, :20] = -100
-    loss_sum, n = chunked_cross_entropy(hidden, weight, labels, chunk=32)
-    (loss_sum / n).backward()
-    got = (loss_sum / n, hidden.grad.clone(), weight.grad.clone())
-    hidden.grad = weight.grad = None
-    ref = F.cross_entropy((hidden @ weight.T).flatten(0, 1), labels.flatten(), ignore_index=-100)
-    ref.backward()
-    assert n.item() == (labels != -100).sum().item()
-    assert torch.allclose(got[0], ref, atol=1e-5)
-    assert torch.allclose(got[1], hidden.grad, atol=1e-6)
-    assert torch.allclose(got[2], weight.grad, atol=1e-6)
-    if ignored:
-        assert got[1][:, :20].abs().max() == 0
-
-
-def test_chunked_cross_entropy_under_bf16_autocast_and_no_grad():
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(64, 32, generator=g, requires_grad=True)
-    weight = (0.3 * torch.randn(200, 32, generator=g)).requires_grad_()
-    labels = torch.randint(0, 200, (64,), generator=g)
-    ref = F.cross_entropy(hidden @ weight.T, labels, reduction="sum")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss_sum, _ = chunked_cross_entropy(hidden, weight, labels, chunk=16)
-    loss_sum.backward()
-    assert loss_sum.dtype == torch.float32 and weight.grad.dtype == torch.float32
-    assert loss_sum.item() == pytest.approx(ref.item(), rel=2e-2)
-    with torch.no_grad():
-        assert chunked_cross_entropy(hidden, weight, labels)[0].item() == pytest.approx(ref.item(), rel=1e-5)
