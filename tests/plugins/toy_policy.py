@@ -9,6 +9,7 @@ freezes the image stem and reports the action error in the data's own units.
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,9 @@ register_model(ModelSpec("toy_policy", ToyPolicyConfig, ToyPolicy, parallel_unit
 class ToyPolicyData(StrictModel):
     path: str
     valid_fraction: float = Field(default=0.1, ge=0, lt=1)
+    # Fault injection for the tests: the loss raises at this training step (on this rank only, when set).
+    fail_at_step: int | None = None
+    fail_on_rank: int | None = None
 
 
 class Samples(Dataset):
@@ -72,6 +76,10 @@ class Samples(Dataset):
         return {"image": self.image[i].float() / 255, "state": self.state[i], "action": self.action[i]}
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 @register_task("toy_policy")
 class ToyPolicyTask(Task):
     data_config = ToyPolicyData
@@ -81,6 +89,7 @@ class ToyPolicyTask(Task):
     def __init__(self, data: ToyPolicyData):
         super().__init__(data)
         self.stats: dict[str, torch.Tensor] = {}
+        self._train_calls = 0
 
     def _shapes(self) -> dict[str, list[int]]:
         try:
@@ -108,6 +117,10 @@ class ToyPolicyTask(Task):
                         summary={"train_samples": n_train, "valid_samples": n_valid})
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        if model.training:
+            self._train_calls += 1
+            if self._train_calls == self.data.fail_at_step and self.data.fail_on_rank in (None, _rank()):
+                raise RuntimeError(f"injected failure at step {self._train_calls}")
         s = {k: v.to(batch["state"].device) for k, v in self.stats.items()}
         pred = model(batch["image"], (batch["state"] - s["state_mean"]) / s["state_std"])
         target = (batch["action"] - s["action_mean"]) / s["action_std"]

@@ -8,14 +8,23 @@ import sys
 from longboat import __version__
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _launch(args: argparse.Namespace) -> int:
     """Re-run this command as ``torchrun --standalone --nproc_per_node N -m longboat train ...``."""
     import os
 
     from longboat.config.base import ConfigError
 
-    if args.nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
     if "WORLD_SIZE" in os.environ:
         raise ConfigError("--nproc starts its own ranks; drop it when launching with torchrun")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
@@ -24,6 +33,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(args)
     if args.nproc is not None:
         return _launch(args)
     from longboat.recipes import train
@@ -31,6 +42,23 @@ def _train(args: argparse.Namespace) -> int:
 
     result = train.run(load_run_config(args.config, args.overrides))
     return 0 if not result.stopped_by_signal else 143
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Validate the run without training: config, data against the model, mesh, resume; print what was found."""
+    from longboat.distributed import launched_world_size
+    from longboat.recipes.config import load_run_config
+    from longboat.recipes.preflight import preflight
+
+    resolved = load_run_config(args.config, args.overrides)
+    world = launched_world_size() or args.nproc or 1
+    checked = preflight(resolved, world)
+    d = checked.dims
+    print(f"ok: task {resolved.cfg.task} · model {resolved.arch} · {world} rank(s): dp_replicate {d.dp_replicate} × "
+          f"dp_shard {d.dp_shard} × tp {d.tp}"
+          + (f" · resumes from {checked.resume_from}" if checked.resume_from else " · starts fresh")
+          + (f" · exports HF {checked.hf_family}" if checked.hf_family else ""))
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -92,8 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model; the config's `task` says which kind")
     p.add_argument("config", help="YAML run config (see configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=100")
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
+    p.add_argument("--nproc", type=_at_least_one, default=None, metavar="N",
                    help="start N ranks on this machine through torchrun (see parallel.* for the layout)")
+    p.add_argument("--check", action="store_true",
+                   help="validate config, data, mesh and resume compatibility, then exit without training")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("generate", help="sample text from an export, a run directory or a checkpoint")
@@ -140,7 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     from longboat.errors import LongboatError
     from longboat.utils.logging import error
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may come after options (`train CFG --nproc 2 parallel.tp=2`): argparse leaves them over.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except LongboatError as e:

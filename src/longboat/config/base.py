@@ -89,8 +89,12 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     parents = data.pop(INHERIT_KEY, None)
     if parents is None:
         return data
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(x, str) and x for x in parents):
+        raise ConfigError(f"{path}: '{INHERIT_KEY}' must be a config path or a list of them, got {parents!r}")
     merged: dict = {}
-    for parent in [parents] if isinstance(parents, str) else parents:
+    for parent in parents:
         merged = deep_merge(merged, load_yaml(path.parent / parent, _seen + (path,)))
     return deep_merge(merged, data)
 

@@ -10,7 +10,7 @@ epoch that does not fill a global batch is dropped.
 
 from __future__ import annotations
 
-import signal
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -26,9 +26,11 @@ class EpochOrder:
     seed: int
 
 
-def _ignore_sigterm(worker_id: int) -> None:
-    """Preemption signals the whole process group; the main process saves a checkpoint and ends workers."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _own_process_group(worker_id: int) -> None:
+    """Keep preemption's SIGTERM to the job's process group from killing workers mid-step: the main process
+    saves a checkpoint first. A SIGTERM sent to the worker itself (the loader's shutdown, interpreter exit after
+    an error) still ends it, and a worker whose parent died exits by the loader's own watchdog."""
+    os.setpgrp()
 
 
 class ConsecutiveBatchSampler(Sampler[list[int]]):
@@ -124,7 +126,7 @@ class ResumableLoader:
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=False,
-            worker_init_fn=_ignore_sigterm if self.num_workers else None,
+            worker_init_fn=_own_process_group if self.num_workers else None,
             prefetch_factor=4 if self.num_workers else None,
         )
         return iter(loader)

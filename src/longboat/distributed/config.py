@@ -29,6 +29,7 @@ class ParallelConfig(StrictModel):
     compile: bool = Field(default=False, description="torch.compile each block")
     meta_init: bool = Field(default=False, description="build on the meta device, allocate only local shards")
     backend: Literal["auto", "nccl", "gloo"] = "auto"
+    timeout_minutes: float = Field(default=10.0, gt=0, description="a collective that waits longer fails the run")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:

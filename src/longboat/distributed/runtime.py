@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ def _backend(choice: str, device: torch.device) -> str:
     return f"{device.type}:{accel},cpu:gloo"
 
 
-def init_runtime(backend: str = "auto", device: str = "auto") -> Runtime:
+def init_runtime(backend: str = "auto", device: str = "auto", timeout_minutes: float = 10.0) -> Runtime:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
     Outside torchrun (WORLD_SIZE unset) nothing is initialised and the runtime is a single process.
@@ -59,7 +60,8 @@ def init_runtime(backend: str = "auto", device: str = "auto") -> Runtime:
     be = _backend(backend, dev)
     use_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(be, rank=rank, world_size=world, device_id=dev if dev.type != "cpu" else None)
+        dist.init_process_group(be, rank=rank, world_size=world, device_id=dev if dev.type != "cpu" else None,
+                                timeout=timedelta(minutes=timeout_minutes))
     return Runtime(rank, world, local_rank, dev, be)
 
 

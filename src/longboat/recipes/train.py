@@ -15,16 +15,17 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from longboat.checkpoint.export import save_export
-from longboat.config.base import ConfigError
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
-from longboat.distributed import resolve_dims, shutdown
+from longboat.distributed import shutdown
 from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
+from longboat.recipes.preflight import Preflight, preflight
 from longboat.trainer.optim import freeze_outside
 from longboat.trainer.trainer import DataParallel, FitResult, Trainer
 from longboat.utils.device import set_threads
 from longboat.utils.logging import console
 from longboat.utils.provenance import provenance
+from longboat.utils.run_lock import RunDirLock
 from longboat.utils.seeding import seed_everything
 
 
@@ -44,23 +45,21 @@ def _local_rank_zero_first(runtime: Runtime):
 
 def run(resolved: ResolvedRun) -> FitResult:
     cfg = resolved.cfg
-    # Checks that need no communication come first, so a wrong mesh fails on every rank instead of hanging.
-    dims = resolve_dims(cfg.parallel, launched_world_size() or 1)
-    tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
-    if cfg.checkpoint.export_hf:
-        _hf_export_family(resolved)  # an unknown or unfit family fails now, not after training
-    runtime = init_runtime(cfg.parallel.backend, cfg.train.device)
-    result = _run(resolved, runtime, tp_plan)
-    shutdown(runtime)
-    return result
+    # Checks that need no communication come first, so a mistake fails on every rank instead of hanging.
+    checked = preflight(resolved, launched_world_size() or 1)
+    runtime = init_runtime(cfg.parallel.backend, cfg.train.device, cfg.parallel.timeout_minutes)
+    try:
+        with RunDirLock(cfg.run_dir) if runtime.rank == 0 else contextlib.nullcontext():
+            return _run(resolved, runtime, checked)
+    finally:
+        shutdown(runtime)
 
 
-def _run(resolved: ResolvedRun, runtime: Runtime, tp_plan: dict | None) -> FitResult:
+def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResult:
     cfg, task, spec = resolved.cfg, resolved.task, resolved.spec
     run_dir = Path(cfg.run_dir)
     if runtime.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(resolved.to_yaml())
+        (run_dir / "config.yaml").write_text(resolved.to_yaml())  # after preflight found it fits the checkpoints
         (run_dir / "provenance.json").write_text(json.dumps(provenance(), indent=2) + "\n")
     set_threads(cfg.train.threads)
     seed_everything(cfg.seed)
@@ -77,7 +76,7 @@ def _run(resolved: ResolvedRun, runtime: Runtime, tp_plan: dict | None) -> FitRe
     n_params = sum(p.numel() for p in model.parameters())
     groups = task.param_groups(model)
     n_frozen = freeze_outside(model, groups)
-    model = parallelize(model, mesh, cfg.parallel, tp_plan, runtime.device, spec.parallel_units)
+    model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units)
     if "hf" in cfg.model:
         _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""
@@ -94,16 +93,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, tp_plan: dict | None) -> FitRe
     result = trainer.fit()
     if (cfg.checkpoint.export or cfg.checkpoint.export_hf) and not result.stopped_by_signal:
         with trainer.ema.swapped_in() if trainer.ema is not None else contextlib.nullcontext():
-            _export(model, resolved, runtime, ema=trainer.ema is not None)
+            _export(model, resolved, runtime, checked.hf_family, ema=trainer.ema is not None)
     return result
-
-
-def _hf_export_family(resolved: ResolvedRun) -> str:
-    """``checkpoint.export_hf``'s family: named, else the HF source's, else the one the model config implies."""
-    spec = resolved.spec
-    if spec.hf is None:
-        raise ConfigError(f"checkpoint.export_hf: model '{spec.name}' has no Hugging Face format")
-    return spec.hf.export_family(resolved.model, resolved.cfg.checkpoint.export_hf, resolved.cfg.model.get("hf"))
 
 
 def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun, runtime: Runtime) -> None:
@@ -117,7 +108,7 @@ def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun,
     console.print(f"weights from {hf_dir}")
 
 
-def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, ema: bool) -> None:
+def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_family: str | None, ema: bool) -> None:
     """Write the safetensors export from rank 0; in a distributed run every rank takes part in the gather."""
     cfg = resolved.cfg
     weights: torch.nn.Module | dict = model
@@ -136,6 +127,6 @@ def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, ema
         console.print(f"exported to {out}")
     if cfg.checkpoint.export_hf:
         tokenizer_dir = Path(assets["tokenizer.json"]).parent if isinstance(assets.get("tokenizer.json"), Path) else None
-        out = resolved.spec.hf.save(weights, _hf_export_family(resolved), Path(cfg.run_dir) / "hf", resolved.model,
+        out = resolved.spec.hf.save(weights, hf_family, Path(cfg.run_dir) / "hf", resolved.model,
                                     tokenizer_dir=tokenizer_dir)
         console.print(f"exported Hugging Face checkpoint to {out}")

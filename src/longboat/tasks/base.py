@@ -41,6 +41,10 @@ class Task(TrainerHooks):
         validation. Use ``fill_from_data``; a value the user set that disagrees with the data is an error."""
         return fields
 
+    def check(self, model_cfg: StrictModel) -> None:
+        """Check the data against the model (files readable, sizes and ranges fit) before anything is written;
+        ``longboat train --check`` runs this too."""
+
     def build(self, model_cfg: StrictModel, train_cfg: Any, seed: int, dp_size: int) -> TaskData:
         raise NotImplementedError
 

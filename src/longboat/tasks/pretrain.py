@@ -8,7 +8,11 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from longboat.config.base import ConfigError, StrictModel
+from longboat.data.blend import build_gpt_datasets
+from longboat.data.gpt import GPTDatasetConfig
 from longboat.data.indexed import IndexedDataset, index_path, strip_suffix
+from longboat.data.split import split_weights
+from longboat.data.token_range import max_token_id
 from longboat.data.tokenizer import TOKENIZER_FILES, Tokenizer
 from longboat.tasks.base import Task, TaskData, register_task
 from longboat.tasks.lm_loss import make_lm_loss
@@ -28,6 +32,15 @@ class PretrainDataConfig(StrictModel):
     reset_position_ids: bool = False
     cache_dir: str | None = Field(default=None, description="index cache (default: beside the first token file)")
 
+    @field_validator("split")
+    @classmethod
+    def _check_split(cls, value: str) -> str:
+        try:
+            split_weights(value)
+        except ConfigError as e:  # pydantic reports a ValueError under the key, as one line
+            raise ValueError(str(e)) from None
+        return value
+
     @field_validator("paths", mode="before")
     @classmethod
     def _plain_paths(cls, v):
@@ -42,21 +55,33 @@ class PretrainDataConfig(StrictModel):
         return v
 
 
-def check_inputs(cfg: PretrainDataConfig, model_vocab: int) -> Tokenizer:
-    """Fail before any work if a file is missing or the tokenizer does not fit the model."""
+def check_inputs(cfg: PretrainDataConfig, model_cfg) -> Tokenizer:
+    """Fail before any work if a file is missing, or the tokenizer, the token ids or the sequence length do not
+    fit the model."""
+    if cfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(f"data.seq_len={cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+                          "lower data.seq_len or raise model.max_seq_len")
     tokenizer = Tokenizer(cfg.tokenizer)
-    if tokenizer.vocab_size > model_vocab:
+    if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ConfigError(
             f"data.tokenizer: {cfg.tokenizer} has {tokenizer.vocab_size} tokens, more than the model's embedding "
-            f"(model.vocab_size={model_vocab}); raise model.vocab_size to at least {tokenizer.vocab_size}"
+            f"(model.vocab_size={model_cfg.vocab_size}); raise model.vocab_size to at least {tokenizer.vocab_size}"
         )
     if tokenizer.eos_id is None:
         raise ConfigError(f"data.tokenizer: {cfg.tokenizer} defines no end-of-document (eos) token")
     for entry in cfg.paths:
-        if not index_path(strip_suffix(entry.path)).is_file():
-            raise ConfigError(f"data.paths: {entry.path}: no token files {strip_suffix(entry.path)}.bin/.idx")
-        IndexedDataset(entry.path)  # validates header and sizes
+        prefix = strip_suffix(entry.path)
+        if not index_path(prefix).is_file():
+            raise ConfigError(f"data.paths: {entry.path}: no token files {prefix}.bin/.idx")
+        top = max_token_id(IndexedDataset(prefix), index_cache_dir(cfg))  # IndexedDataset validates the files
+        if top >= model_cfg.vocab_size:
+            raise ConfigError(f"data.paths: {prefix}.bin holds token id {top}, beyond the model's embedding "
+                              f"(model.vocab_size={model_cfg.vocab_size}); was it tokenized with another tokenizer?")
     return tokenizer
+
+
+def index_cache_dir(cfg: PretrainDataConfig) -> str:
+    return cfg.cache_dir or str(Path(strip_suffix(cfg.paths[0].path)).parent / "index_cache")
 
 
 @register_task("pretrain")
@@ -66,16 +91,16 @@ class Pretrain(Task):
     data_config = PretrainDataConfig
     unit = "tokens"
 
-    def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
-        from longboat.data.blend import build_gpt_datasets
-        from longboat.data.gpt import GPTDatasetConfig
+    def check(self, model_cfg) -> None:
+        check_inputs(self.data, model_cfg)
 
+    def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
         data: PretrainDataConfig = self.data
-        tokenizer = check_inputs(data, model_cfg.vocab_size)
+        tokenizer = Tokenizer(data.tokenizer)
         global_batch = train_cfg.micro_batch_size * train_cfg.grad_accum * dp_size
         n_train = train_cfg.steps * global_batch
         n_valid = train_cfg.eval_batches * train_cfg.micro_batch_size * dp_size
-        cache_dir = data.cache_dir or str(Path(strip_suffix(data.paths[0].path)).parent / "index_cache")
+        cache_dir = index_cache_dir(data)
         gpt_cfg = GPTDatasetConfig(
             seq_len=data.seq_len,
             seed=seed,
@@ -95,7 +120,9 @@ class Pretrain(Task):
             train=train,
             valid=valid,
             loss_fn=make_lm_loss(data.reset_position_ids),
-            summary={"train_samples": n_train, "valid_samples": n_valid, "global_batch": global_batch},
+            # Only what will be used: no validation split (weight 0) or no evaluation means no validation samples.
+            summary={"train_samples": n_train, "valid_samples": n_valid if valid is not None else 0,
+                     "global_batch": global_batch},
         )
 
     def flops_per_unit(self, model_cfg) -> float | None:

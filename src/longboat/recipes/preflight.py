@@ -1,0 +1,81 @@
+"""Everything a training run can check without training, before it writes anything.
+
+``longboat train CONFIG --check`` runs these checks alone; ``longboat train`` runs them first on every rank, so a
+mistake fails at once everywhere instead of after data loading, or on one rank while the others wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from longboat.checkpoint.dcp import CheckpointManager
+from longboat.config.base import ConfigError, validate
+from longboat.distributed import ParallelDims, resolve_dims
+from longboat.models import get_model
+from longboat.recipes.config import ResolvedRun
+
+
+@dataclass
+class Preflight:
+    dims: ParallelDims
+    tp_plan: dict | None
+    hf_family: str | None
+    resume_from: Path | None  # the checkpoint the run will resume from, if any
+
+
+def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
+    """Mesh arithmetic, tensor-parallel fit, HF export family, data against the model, resume compatibility."""
+    cfg = resolved.cfg
+    dims = resolve_dims(cfg.parallel, world_size)
+    tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
+    family = hf_export_family(resolved) if cfg.checkpoint.export_hf else None
+    resolved.task.check(resolved.model)
+    resume_from = check_resume(resolved) if cfg.checkpoint.resume else None
+    return Preflight(dims, tp_plan, family, resume_from)
+
+
+def hf_export_family(resolved: ResolvedRun) -> str:
+    """``checkpoint.export_hf``'s family: named, else the HF source's, else the one the model config implies."""
+    spec = resolved.spec
+    if spec.hf is None:
+        raise ConfigError(f"checkpoint.export_hf: model '{spec.name}' has no Hugging Face format")
+    return spec.hf.export_family(resolved.model, resolved.cfg.checkpoint.export_hf, resolved.cfg.model.get("hf"))
+
+
+def check_resume(resolved: ResolvedRun) -> Path | None:
+    """The checkpoint a rerun resumes from, after checking that it holds this model for this task.
+
+    Another parallel layout is not a conflict (checkpoints reshard); another model shape or task is, and the
+    error names every field that differs, leaving the run directory untouched.
+    """
+    run_dir = Path(resolved.cfg.run_dir)
+    latest = CheckpointManager(run_dir / "checkpoints").latest()
+    saved_path = run_dir / "config.yaml"
+    if latest is None or not saved_path.is_file():
+        return latest
+    try:
+        saved = yaml.safe_load(saved_path.read_text())
+        saved_model = dict(saved["model"])
+        saved_arch = saved_model.pop("arch")
+        saved_task = saved.get("task", "pretrain")
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{saved_path}: unreadable ({e}); it describes the checkpoints in {run_dir}") from None
+    differences = []
+    if saved_task != resolved.cfg.task:
+        differences.append(f"task {saved_task} there, {resolved.cfg.task} here")
+    if saved_arch != resolved.arch:
+        differences.append(f"model.arch {saved_arch} there, {resolved.arch} here")
+    else:
+        theirs = validate(get_model(saved_arch).config, saved_model, str(saved_path), prefix="model").model_dump()
+        ours = resolved.model.model_dump()
+        differences += [f"model.{k} {theirs.get(k)!r} there, {ours.get(k)!r} here"
+                        for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+    if differences:
+        raise ConfigError(
+            f"run_dir {run_dir} holds checkpoints ({latest.name}) of another model: " + "; ".join(differences)
+            + ". Resume with the same model, choose another run_dir, or set checkpoint.resume=false"
+        )
+    return latest
