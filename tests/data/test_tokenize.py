@@ -224,3 +224,17 @@ def test_cli_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         _parse("data")
     assert "invalid choice: 'words'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", '{"text": ""}\n'])
+def test_no_text_fails_and_writes_nothing(tmp_path, tok_dir, capsys, content):
+    from longboat.cli.main import main
+
+    src = tmp_path / ("in.jsonl" if content.startswith("{") else "in.txt")
+    src.write_text(content)
+    assert main(["data", "tokenize", "--input", str(src), "--tokenizer", str(tok_dir), "--output-prefix",
+                 str(tmp_path / "out"), "--workers", "1", "--txt-mode", "paragraph"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: no text to tokenize in {src}" in err and "nothing was written" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]

@@ -130,3 +130,17 @@ def test_malformed_files(tmp_path):
     d = _word_level_dir(tmp_path / "t", config={"eos_token": "<|missing|>"})
     with pytest.raises(TokenizerError, match=re.escape("eos_token '<|missing|>' is not in the vocabulary")):
         Tokenizer(d)
+
+
+def test_no_text_to_train_on(tmp_path, capsys):
+    from longboat.cli.main import main
+
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(TokenizerError, match="no text to train a tokenizer on"):
+        train_bpe([tmp_path / "empty.txt"], 300, tmp_path / "tok", show_progress=False)
+    assert main(["data", "train-tokenizer", "--input", str(tmp_path / "empty.txt"), "--vocab-size", "300",
+                 "--output", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: no text to train a tokenizer on in {tmp_path / 'empty.txt'}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "tok").exists()

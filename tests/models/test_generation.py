@@ -116,3 +116,29 @@ def test_invalid_sampling_arguments():
         filter_logits(logits, top_p=1.5)
     with pytest.raises(ValueError, match="temperature"):
         sample_next(logits, temperature=-1.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--top-p", "2"], "top_p must be in (0, 1], got 2.0"),
+    (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+    (["--top-p", "nan"], "top_p must be in (0, 1], got nan"),
+    (["--temperature", "-1"], "temperature must be 0 (greedy) or positive, got -1.0"),
+    (["--temperature", "nan"], "temperature must be 0 (greedy) or positive, got nan"),
+    (["--top-k", "0"], "top_k must be at least 1, got 0"),
+    (["--max-new-tokens", "-3"], "max_new_tokens must be at least 1, got -3"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be at least 1, got 0"),
+    (["--num-samples", "0"], "num_samples must be at least 1, got 0"),
+])
+def test_generate_refuses_sampling_flags_out_of_range(tmp_path, capsys, flags, message):
+    from longboat.cli.main import main
+
+    # Checked before the model is opened: the path need not exist for the flag to be named.
+    assert main(["generate", str(tmp_path / "no-model"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: {message}" and "Traceback" not in err
+
+
+def test_negative_max_new_tokens_is_refused():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(CountingModel(), torch.tensor([[1]]), max_new_tokens=-1)
+    assert generate(CountingModel(), torch.tensor([[1]]), max_new_tokens=0).tolist() == [[1]]

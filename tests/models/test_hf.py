@@ -248,3 +248,52 @@ def test_two_rank_fsdp_meta_init_starts_from_hf_weights(corpus, tmp_path):
     tokens = TOKENS.clamp(max=511)
     with torch.no_grad():
         assert (back(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-3
+
+
+def _broken_copies(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """HF directories broken one way each: name -> (directory, the file the error must name)."""
+    src, _ = save_hf(tmp_path, "llama2-mha-untied")
+    out = {}
+    for name in ("not_json", "no_hidden_size", "null_hidden_size", "truncated", "bad_index"):
+        d = tmp_path / name
+        d.mkdir()
+        for f in src.iterdir():
+            (d / f.name).write_bytes(f.read_bytes())
+        out[name] = (d, str(d / "config.json"))
+    (tmp_path / "not_json" / "config.json").write_text('{"model_type": "llama", hidden_size: 64')
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["hidden_size"]
+    (tmp_path / "no_hidden_size" / "config.json").write_text(json.dumps(cfg))
+    _edit_config(tmp_path / "null_hidden_size", hidden_size=None)
+    weights = (src / "model.safetensors").read_bytes()
+    (tmp_path / "truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    out["truncated"] = (tmp_path / "truncated", str(tmp_path / "truncated" / "model.safetensors"))
+    (tmp_path / "bad_index" / "model.safetensors.index.json").write_text("{")
+    out["bad_index"] = (tmp_path / "bad_index", str(tmp_path / "bad_index" / "model.safetensors.index.json"))
+    return out
+
+
+def test_broken_hf_directories_name_the_file(tmp_path, capsys):
+    from longboat.cli.main import main
+    from longboat.config.base import load_yaml
+    from longboat.errors import LongboatError
+    from longboat.recipes.config import resolve
+
+    messages = {"not_json": "config.json", "no_hidden_size": "missing required key 'hidden_size'",
+                "null_hidden_size": "malformed llama config", "truncated": "not a readable safetensors file",
+                "bad_index": "not valid JSON"}
+    broken = _broken_copies(tmp_path)
+    capsys.readouterr()
+    for name, (hf_dir, file) in broken.items():
+        assert main(["convert", "hf-to-longboat", str(hf_dir), str(tmp_path / f"out_{name}")]) == 2, name
+        err = capsys.readouterr().err
+        assert f"error: {file}" in err and messages[name] in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / f"out_{name}").exists()
+        # model: {hf: dir} in a run config reads through the same functions: its config, then its weights.
+        raw = load_yaml("configs/pretrain/quickstart.yaml")
+        raw.update(run_dir=str(tmp_path / "run"), model={"hf": str(hf_dir)})
+        with pytest.raises(LongboatError, match=file.replace(".", r"\.")) as caught:
+            resolved = resolve(raw)
+            resolved.spec.hf.read_weights(hf_dir, resolved.model)
+        assert messages[name] in str(caught.value)

@@ -11,11 +11,13 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors.torch import load_model, save_file, save_model
 
 from longboat.errors import LongboatError
+from longboat.utils.outputs import staged_output
 from longboat.utils.provenance import provenance
 
 EXPORT_CONFIG = "longboat_config.json"
@@ -35,39 +37,41 @@ def save_export(
     model_config: dict,
     assets: dict[str, Path | bytes] | None = None,
     extra: dict | None = None,
+    *,
+    overwrite: bool | None = None,
+    sources: Sequence[str | os.PathLike] = (),
 ) -> Path:
-    """Write an export atomically: ``<out>.tmp`` filled, then renamed to ``out``.
+    """Write an export atomically: a hidden sibling of ``out_dir`` filled, then renamed into place.
 
     ``model`` is a module or its full state dict (e.g. gathered from FSDP shards by ``get_model_state_dict``).
-    ``assets`` maps file names to a file to copy or the bytes to write beside the weights.
+    ``assets`` maps file names to a file to copy or the bytes to write beside the weights. An existing
+    ``out_dir`` is replaced only as ``overwrite`` allows (``None``: only a run's own export directory, which
+    training rewrites), and never when it is, holds or lies inside ``sources``, a run or a checkpoint
+    (see ``longboat.utils.outputs``).
     """
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if isinstance(model, torch.nn.Module):
-        save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    else:
-        save_file({k: v.contiguous() for k, v in model.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    meta = {
-        "format_version": EXPORT_FORMAT_VERSION,
-        "arch": arch,
-        "model": model_config,
-        "assets": sorted(assets or {}),
-        "provenance": provenance(),
-        **(extra or {}),
-    }
-    (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
-    for name, content in (assets or {}).items():
+    for name in assets or {}:
         if Path(name).name != name or name in (EXPORT_CONFIG, WEIGHTS):
             raise ExportError(f"export asset name {name!r} must be a plain file name other than {EXPORT_CONFIG}")
-        if isinstance(content, bytes):
-            (tmp / name).write_bytes(content)
+    with staged_output(out_dir, overwrite, sources) as tmp:
+        if isinstance(model, torch.nn.Module):
+            save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt"})
         else:
-            shutil.copy2(content, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+            save_file({k: v.contiguous() for k, v in model.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        meta = {
+            "format_version": EXPORT_FORMAT_VERSION,
+            "arch": arch,
+            "model": model_config,
+            "assets": sorted(assets or {}),
+            "provenance": provenance(),
+            **(extra or {}),
+        }
+        (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+        for name, content in (assets or {}).items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                shutil.copy2(content, tmp / name)
+    return Path(out_dir)
 
 
 def read_export_config(export_dir: str | os.PathLike) -> dict:

@@ -62,8 +62,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from longboat.recipes.generate import generate_text, load_for_inference
+    from longboat.recipes.generate import check_sampling, generate_text, load_for_inference
 
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples)
     loaded = load_for_inference(args.model)
     for i in range(args.num_samples):
         text, rate = generate_text(
@@ -77,7 +78,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from longboat.recipes.export import export_run
 
-    print(f"exported to {export_run(args.source, args.output)}")
+    print(f"exported to {export_run(args.source, args.output, args.overwrite)}")
     return 0
 
 
@@ -85,9 +86,10 @@ def _convert(args: argparse.Namespace) -> int:
     from longboat.recipes import convert
 
     if args.direction == "hf-to-longboat":
-        out = convert.hf_to_longboat(args.source, args.output, args.dtype)
+        out = convert.hf_to_longboat(args.source, args.output, args.dtype, args.overwrite)
     else:
-        out = convert.longboat_to_hf(args.source, args.output, args.family, args.dtype, args.max_shard_size)
+        out = convert.longboat_to_hf(args.source, args.output, args.family, args.dtype, args.max_shard_size,
+                                     args.overwrite)
     print(f"converted to {out}")
     return 0
 
@@ -110,6 +112,12 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_overwrite(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing non-empty output directory (never the source, a run "
+                             "directory or a checkpoint)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from longboat.cli import data
 
@@ -129,17 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="sample text from an export, a run directory or a checkpoint")
     p.add_argument("model", help="export dir, run dir, or run_dir/checkpoints/step_N")
     p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="at least 1")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding, else positive")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (k >= 1)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--num-samples", type=int, default=1, help="at least 1")
     p.set_defaults(func=_generate)
 
     p = sub.add_parser("export", help="write a safetensors export from a run directory or a checkpoint")
     p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")
     p.add_argument("--output", required=True)
+    _add_overwrite(p)
     p.set_defaults(func=_export)
 
     p = sub.add_parser("convert", help="convert a Hugging Face checkpoint to a longboat export, or back")
@@ -151,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", default=None,
                    help="HF model_type to write (longboat-to-hf; default: the source's, else implied by the config)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (longboat-to-hf)")
+    _add_overwrite(p)
     p.set_defaults(func=_convert)
 
     p = sub.add_parser("quickstart", help="train a small model on Shakespeare and print a sample (~5 minutes)")

@@ -203,10 +203,20 @@ def tokenize_to_indexed(
             seen += n_docs
             tokens += offset
             bar.update(documents, tokens, time.perf_counter() - start)
+        if documents == 0:  # raised inside the writer, which then leaves no files behind
+            raise TokenizerError(
+                f"no text to tokenize in {_describe(paths)}: every document is empty; nothing was written to "
+                f"{prefix}.bin/.idx"
+            )
     stats = TokenizeStats(documents, tokens, time.perf_counter() - start, skipped=seen - documents)
     if progress:
         print(f"{stats.summary()} -> {prefix}.bin/.idx", flush=True)
     return stats
+
+
+def _describe(paths: list[Path]) -> str:
+    names = ", ".join(map(str, paths[:3]))
+    return names + (f" and {len(paths) - 3} more files" if len(paths) > 3 else "")
 
 
 class _Progress:

@@ -192,7 +192,18 @@ def train_bpe(
         # The trainer's bars write stray newlines to stdout when it is not a terminal.
         show_progress=show_progress and sys.stdout.isatty(),
     )
-    backend.train_from_iterator(iter_text_batches(paths, text_key=text_key, txt_mode=txt_mode), trainer)
+    chars = 0
+
+    def batches():
+        nonlocal chars
+        for batch in iter_text_batches(paths, text_key=text_key, txt_mode=txt_mode):
+            chars += sum(map(len, batch))
+            yield batch
+
+    backend.train_from_iterator(batches(), trainer)
+    if chars == 0:
+        names = ", ".join(map(str, paths[:3])) + (f" and {len(paths) - 3} more files" if len(paths) > 3 else "")
+        raise TokenizerError(f"no text to train a tokenizer on in {names}; nothing was written to {out_dir}")
     tok = Tokenizer.from_backend(backend, {"eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN})
     tok.save(out_dir)
     return Tokenizer(out_dir)

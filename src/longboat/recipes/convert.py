@@ -11,23 +11,33 @@ from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILE
 from longboat.models import hf_spec
 from longboat.recipes.artifact import export_metadata, open_artifact
+from longboat.recipes.export import read_paths
+from longboat.utils.outputs import check_output, staged_output
 
-def hf_to_longboat(hf_dir: str | Path, output: str | Path, dtype: str | None = None) -> Path:
-    """Write our export of an HF checkpoint; tokenizer files and generation_config.json come along."""
+
+def hf_to_longboat(hf_dir: str | Path, output: str | Path, dtype: str | None = None, overwrite: bool = False) -> Path:
+    """Write our export of an HF checkpoint; tokenizer files and generation_config.json come along.
+
+    An existing ``output`` is replaced only with ``overwrite``, and never when it is or holds ``hf_dir``.
+    """
+    check_output(output, overwrite, [hf_dir])  # before the model is read, which may take long
     spec = hf_spec(hf_dir)
     model, cfg, family, assets = spec.hf.load(hf_dir, dtype)
     return save_export(output, model, spec.name, cfg.model_dump(mode="json"), assets,
-                       extra={**export_metadata(None, [], False), "hf_family": family, "source": str(hf_dir)})
+                       extra={**export_metadata(None, [], False), "hf_family": family, "source": str(hf_dir)},
+                       overwrite=overwrite, sources=[hf_dir])
 
 
 def longboat_to_hf(
     source: str | Path, output: str | Path, family: str | None = None, dtype: str | None = None,
-    max_shard_size: int | str = "5GB",
+    max_shard_size: int | str = "5GB", overwrite: bool = False,
 ) -> Path:
     """Write an HF directory from an export, a run directory or a checkpoint.
 
     The family defaults to the one the export was converted from, else the one the model's config implies.
+    An existing ``output`` is replaced only with ``overwrite``, and never when it is or holds what is read.
     """
+    check_output(output, overwrite, [source])
     artifact = open_artifact(source)
     spec = artifact.spec
     if spec.hf is None:
@@ -38,5 +48,8 @@ def longboat_to_hf(
             model = model.to(f.get_tensor(next(iter(f.keys()))).dtype)
     family = spec.hf.export_family(artifact.config, family or artifact.hf_family or True, None)
     tokenizer = artifact.assets.get(TOKENIZER_FILE)
-    return spec.hf.save(model, family, output, artifact.config, dtype=dtype, max_shard_size=max_shard_size,
-                        tokenizer_dir=tokenizer.parent if isinstance(tokenizer, Path) else None)
+    # The spec writes into an empty staging directory; the guarded swap into ``output`` happens here.
+    with staged_output(output, overwrite, read_paths(source, artifact)) as stage:
+        spec.hf.save(model, family, stage, artifact.config, dtype=dtype, max_shard_size=max_shard_size,
+                     tokenizer_dir=tokenizer.parent if isinstance(tokenizer, Path) else None)
+    return Path(output)

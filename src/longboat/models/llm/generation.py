@@ -17,7 +17,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
-        if not 0.0 < top_p <= 1.0:
+        if not 0.0 < top_p <= 1.0:  # also refuses NaN
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
@@ -35,7 +35,7 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from logits [B, V]: argmax when temperature is 0, else a filtered sample."""
-    if temperature < 0:
+    if not temperature >= 0:  # also refuses NaN
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -60,7 +60,9 @@ def generate(
     ``eos_id``; rows that finished earlier are filled with ``eos_id``.
     """
     B, T = prompt.shape
-    if max_new_tokens <= 0:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_new_tokens == 0:
         return prompt
     cache = model.make_cache(B, T + max_new_tokens)
     positions = torch.arange(T, device=prompt.device).expand(B, T)

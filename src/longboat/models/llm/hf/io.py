@@ -1,7 +1,9 @@
 """Hugging Face checkpoint directories: config.json and safetensors (single or sharded) read and written.
 
 Entry points: ``load_hf_model(dir, dtype=None) -> (model, cfg, family)`` and
-``save_hf_model(model, family, out_dir, dtype=None, tokenizer_dir=None, max_shard_size="5GB")``.
+``save_hf_model(model, family, out_dir, dtype=None, tokenizer_dir=None, max_shard_size="5GB", *, cfg=None,
+overwrite=None, sources=())``. Readers name the file at fault (config.json that is not JSON or lacks a key,
+a truncated safetensors file); writers never delete what they should not (``longboat.utils.outputs``).
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from longboat.errors import LongboatError
 from longboat.models.llm.hf.adapter import HFAdapter, HFConversionError, get_hf_adapter
+from longboat.utils.outputs import staged_output
 
 HF_CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -35,14 +40,41 @@ def read_hf_config(hf_dir: str | os.PathLike) -> dict:
     path = Path(hf_dir) / HF_CONFIG
     if not path.is_file():
         raise HFConversionError(f"{hf_dir}: not a Hugging Face checkpoint (no {HF_CONFIG})")
-    return json.loads(path.read_text())
+    return _read_json(path)
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; an error naming the file when it is unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HFConversionError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise HFConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _config_from_hf(adapter: HFAdapter, hf: dict, hf_dir: str | os.PathLike) -> dict:
+    """The adapter's reading of config.json, with a missing or malformed entry named with the file."""
+    path = Path(hf_dir) / HF_CONFIG
+    try:
+        return adapter.config_from_hf(hf)
+    except KeyError as e:
+        raise HFConversionError(f"{path}: missing required key {e.args[0]!r} for model_type "
+                                f"{adapter.model_type!r}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:
+        if isinstance(e, LongboatError):  # already names what is wrong
+            raise
+        raise HFConversionError(f"{path}: malformed {adapter.model_type} config ({e})") from None
 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every tensor of ``model.safetensors`` or of the shards ``model.safetensors.index.json`` names."""
     hf_dir = Path(hf_dir)
     if (hf_dir / WEIGHTS_INDEX).is_file():
-        weight_map = json.loads((hf_dir / WEIGHTS_INDEX).read_text())["weight_map"]
+        weight_map = _read_json(hf_dir / WEIGHTS_INDEX).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise HFConversionError(f"{hf_dir / WEIGHTS_INDEX}: no weight_map of tensor names to shard files")
         files = sorted(set(weight_map.values()))
     elif (hf_dir / SINGLE_WEIGHTS).is_file():
         files = [SINGLE_WEIGHTS]
@@ -52,9 +84,13 @@ def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     for name in files:
         if not (hf_dir / name).is_file():
             raise HFConversionError(f"{hf_dir}: shard {name} named by {WEIGHTS_INDEX} is missing")
-        with safe_open(str(hf_dir / name), framework="pt") as f:
-            for key in f.keys():
-                state[key] = f.get_tensor(key)
+        try:
+            with safe_open(str(hf_dir / name), framework="pt") as f:
+                for key in f.keys():
+                    state[key] = f.get_tensor(key)
+        except (SafetensorError, OSError) as e:
+            raise HFConversionError(f"{hf_dir / name}: not a readable safetensors file (truncated or corrupt: "
+                                    f"{e})") from None
     return state
 
 
@@ -93,7 +129,7 @@ def hf_config_fields(hf_dir: str | os.PathLike) -> tuple[str, dict]:
     """``(our architecture name, its config fields)`` from an HF directory's config.json, not yet validated."""
     hf = read_hf_config(hf_dir)
     adapter = get_hf_adapter(hf.get("model_type"))
-    return adapter.arch, adapter.config_from_hf(hf)
+    return adapter.arch, _config_from_hf(adapter, hf, hf_dir)
 
 
 def hf_model_config(hf_dir: str | os.PathLike):
@@ -101,9 +137,10 @@ def hf_model_config(hf_dir: str | os.PathLike):
     from longboat.config.base import validate
     from longboat.models import get_model
 
-    adapter = get_hf_adapter(read_hf_config(hf_dir).get("model_type"))
+    hf = read_hf_config(hf_dir)
+    adapter = get_hf_adapter(hf.get("model_type"))
     config_cls = get_model(adapter.arch).config
-    fields = adapter.config_from_hf(read_hf_config(hf_dir))
+    fields = _config_from_hf(adapter, hf, hf_dir)
     return adapter, validate(config_cls, fields, str(Path(hf_dir) / HF_CONFIG), prefix="model")
 
 
@@ -154,11 +191,15 @@ def save_hf_model(
     max_shard_size: int | str = "5GB",
     *,
     cfg=None,
+    overwrite: bool | None = None,
+    sources: Sequence[str | os.PathLike] = (),
 ) -> Path:
-    """Write a transformers-loadable directory atomically (``<out>.tmp`` then renamed).
+    """Write a transformers-loadable directory atomically (a hidden sibling filled, then renamed into place).
 
     ``model`` is a module with ``.cfg`` or a full state dict plus ``cfg``. Tokenizer files and
-    ``generation_config.json`` are carried from ``tokenizer_dir`` when present there.
+    ``generation_config.json`` are carried from ``tokenizer_dir`` when present there. An existing ``out_dir``
+    is replaced only as ``overwrite`` allows (``None``: only a run's own ``hf`` directory, which training
+    rewrites), and never when it is, holds or lies inside ``sources``, a run or a checkpoint.
     """
     cfg = cfg if cfg is not None else model.cfg
     adapter = get_hf_adapter(family)
@@ -166,25 +207,21 @@ def save_hf_model(
     target = resolve_dtype(dtype) or next(v.dtype for v in state.values() if v.is_floating_point())
     hf_state = {k: v.detach().to("cpu", target).contiguous() for k, v in adapter.state_dict_to_hf(state, cfg).items()}
 
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _write_shards(tmp, hf_state, parse_size(max_shard_size))
+    max_bytes = parse_size(max_shard_size)
     tokens = _special_token_ids(tokenizer_dir)
     dtype_name = str(target).removeprefix("torch.")
     config = {"architectures": [adapter.architecture], "model_type": family, **adapter.config_to_hf(cfg),
               **tokens, "dtype": dtype_name, "torch_dtype": dtype_name}
-    (tmp / HF_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer_dir is not None:
-        for name in SIDE_FILES:
-            if (Path(tokenizer_dir) / name).is_file():
-                shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
-    if not (tmp / GENERATION_CONFIG).is_file():
-        (tmp / GENERATION_CONFIG).write_text(json.dumps(tokens, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    with staged_output(out_dir, overwrite, sources) as tmp:
+        _write_shards(tmp, hf_state, max_bytes)
+        (tmp / HF_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer_dir is not None:
+            for name in SIDE_FILES:
+                if (Path(tokenizer_dir) / name).is_file():
+                    shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
+        if not (tmp / GENERATION_CONFIG).is_file():
+            (tmp / GENERATION_CONFIG).write_text(json.dumps(tokens, indent=2) + "\n")
+    return Path(out_dir)
 
 
 def _write_shards(out: Path, state: dict[str, torch.Tensor], max_bytes: int) -> None:
@@ -206,7 +243,7 @@ def _special_token_ids(tokenizer_dir: str | os.PathLike | None) -> dict:
         return {}
     gen = Path(tokenizer_dir) / GENERATION_CONFIG
     if gen.is_file():
-        data = json.loads(gen.read_text())
+        data = _read_json(gen)
         return {k: data[k] for k in ("bos_token_id", "eos_token_id") if data.get(k) is not None}
     if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         return {}

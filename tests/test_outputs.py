@@ -1,0 +1,203 @@
+"""``export`` and ``convert`` never delete what they should not: sources, runs, checkpoints, a user's files.
+
+Each case goes through the command line and checks that every file that was there is still there, byte for
+byte. ``longboat.utils.outputs`` is also tested directly: the swap, a crash mid-write, links and files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from longboat.checkpoint.export import save_export
+from longboat.cli.main import main
+from longboat.utils.outputs import OutputError, check_output, staged_output
+from tests.conftest import run_longboat, tiny_run_args
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` and a digest of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_refused(code: int, capsys, *fragments: str) -> str:
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for f in fragments:
+        assert f in err, f"{f!r} not in:\n{err}"
+    return err
+
+
+def no_leftovers(parent: Path) -> None:
+    """No staging or moved-aside sibling remains."""
+    assert not [p.name for p in parent.iterdir() if p.name.endswith((".partial", ".old"))]
+
+
+@pytest.fixture(scope="module")
+def run(corpus, tmp_path_factory) -> Path:
+    """A trained tiny run: two checkpoints and its export."""
+    run = tmp_path_factory.mktemp("outputs") / "run"
+    run_longboat(*tiny_run_args(run, corpus, "train.steps=4", "checkpoint.every=2"), check=True)
+    assert (run / "export").is_dir() and len(list((run / "checkpoints").iterdir())) == 2
+    return run
+
+
+# ---- through the command line -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_export_onto_its_own_run_is_refused(run):
+    before = snapshot(run)
+    for extra in ([], ["--overwrite"]):
+        proc = run_longboat("export", str(run), "--output", str(run), *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"error: {run}: is the source this command reads" in proc.stderr
+    assert snapshot(run) == before
+
+
+@pytest.mark.slow
+def test_convert_onto_its_own_export_is_refused(run, tmp_path):
+    export = tmp_path / "e"
+    assert main(["export", str(run), "--output", str(export)]) == 0
+    before = snapshot(export)
+    for extra in ([], ["--overwrite"]):
+        proc = run_longboat("convert", "longboat-to-hf", str(export), str(export), *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "is the source this command reads" in proc.stderr
+    assert snapshot(export) == before
+    no_leftovers(tmp_path)
+
+
+def test_a_users_directory_is_kept_unless_overwrite(run, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert_refused(main(["export", str(run), "--output", str(mine)]), capsys,
+                   f"{mine} already exists and is not empty", "--overwrite")
+    assert_refused(main(["convert", "longboat-to-hf", str(run), str(mine)]), capsys, "--overwrite")
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+    assert main(["export", str(run), "--output", str(mine), "--overwrite"]) == 0
+    assert (mine / "longboat_config.json").is_file() and not (mine / "notes.txt").exists()
+    assert main(["convert", "longboat-to-hf", str(mine), str(tmp_path / "hf")]) == 0
+    assert main(["convert", "longboat-to-hf", str(mine), str(tmp_path / "hf"), "--overwrite"]) == 0
+    assert (tmp_path / "hf" / "config.json").is_file()
+    no_leftovers(tmp_path)
+
+
+def test_runs_and_checkpoints_are_never_replaced(run, tmp_path, capsys):
+    step = sorted((run / "checkpoints").iterdir())[0]
+    export = tmp_path / "e"
+    assert main(["export", str(run), "--output", str(export)]) == 0
+    for inner in (run / "checkpoints" / "other", step / "extra"):  # a user's directories inside
+        inner.mkdir(exist_ok=True)
+        (inner / "f").write_text("x")
+    before = snapshot(run)
+    cases = [  # (command, what the error says)
+        (["export", str(step), "--output", str(run / "checkpoints")], f"holds {step}, which this command reads"),
+        (["export", str(step), "--output", str(run.parent)], "holds"),
+        (["export", str(export), "--output", str(step)], "is a checkpoint (has COMPLETE)"),
+        (["convert", "longboat-to-hf", str(export), str(run)], "is a run directory"),
+        (["export", str(step), "--output", str(run / "checkpoints" / "other")], "is inside the run directory"),
+        (["convert", "longboat-to-hf", str(export), str(step / "extra")], "is inside the checkpoint"),
+    ]
+    for argv, message in cases:
+        assert_refused(main([*argv, "--overwrite"]), capsys, message, "refusing to replace it")
+    assert snapshot(run) == before
+
+
+def test_a_runs_own_export_directories_may_be_rewritten(run, capsys):
+    assert_refused(main(["export", str(run), "--output", str(run / "export")]), capsys, "--overwrite")
+    checkpoints = snapshot(run / "checkpoints")
+    assert main(["export", str(run), "--output", str(run / "export"), "--overwrite"]) == 0
+    assert main(["convert", "longboat-to-hf", str(run), str(run / "hf")]) == 0
+    assert main(["convert", "longboat-to-hf", str(run), str(run / "hf"), "--overwrite"]) == 0
+    capsys.readouterr()
+    # The run reads its export here, so the export itself may not be the output.
+    assert_refused(main(["convert", "longboat-to-hf", str(run), str(run / "export"), "--overwrite"]), capsys,
+                   "is the source this command reads")
+    assert snapshot(run / "checkpoints") == checkpoints and (run / "config.yaml").is_file()
+    no_leftovers(run)
+
+
+def test_convert_never_replaces_the_hf_directory_it_reads(run, tmp_path, capsys):
+    hf = tmp_path / "outer" / "hf"
+    assert main(["convert", "longboat-to-hf", str(run), str(hf)]) == 0
+    before = snapshot(tmp_path / "outer")
+    assert_refused(main(["convert", "hf-to-longboat", str(hf), str(hf), "--overwrite"]), capsys, "is the source")
+    assert_refused(main(["convert", "hf-to-longboat", str(hf), str(tmp_path / "outer"), "--overwrite"]), capsys,
+                   "holds")
+    assert snapshot(tmp_path / "outer") == before
+    assert main(["convert", "hf-to-longboat", str(hf), str(hf / "ours")]) == 0  # a new directory inside: harmless
+
+
+# ---- longboat.utils.outputs ------------------------------------------------------------------------------
+
+
+def test_a_crash_while_writing_leaves_the_old_output(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old").write_text("old")
+    with pytest.raises(RuntimeError), staged_output(target, overwrite=True) as stage:
+        (stage / "new").write_text("new")
+        raise RuntimeError("killed mid-write")
+    assert snapshot(target) == {"old": hashlib.sha256(b"old").hexdigest()}
+    no_leftovers(tmp_path)
+    with staged_output(target, overwrite=True) as stage:
+        (stage / "new").write_text("new")
+    assert sorted(os.listdir(target)) == ["new"]
+    no_leftovers(tmp_path)
+
+
+def test_missing_or_empty_targets_are_written_with_the_usual_permissions(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for name in ("empty", "deep/new"):
+        with staged_output(tmp_path / name) as stage:
+            (stage / "f").write_text("x")
+        assert (tmp_path / name / "f").read_text() == "x"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "deep" / "new").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_files_and_links_as_targets(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "data").write_text("kept")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(OutputError, match="already exists"):
+        check_output(link)
+    with staged_output(link, overwrite=True) as stage:
+        (stage / "f").write_text("x")
+    assert not link.is_symlink() and (link / "f").is_file() and (real / "data").read_text() == "kept"
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(OutputError, match="already exists"):
+        check_output(file)
+    with pytest.raises(OutputError, match="is the source"):
+        check_output(link, overwrite=True, sources=[link / "."])
+
+
+def test_training_rewrites_only_a_runs_own_exports_by_default(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    weights = {"w": __import__("torch").zeros(2)}
+    for _ in range(2):  # training writes, then a later run rewrites, with no flag
+        save_export(run / "export", weights, "decoder", {})
+    assert json.loads((run / "export" / "longboat_config.json").read_text())["arch"] == "decoder"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "f").write_text("x")
+    with pytest.raises(OutputError, match="already exists"):
+        save_export(tmp_path / "mine", weights, "decoder", {})
+    with pytest.raises(OutputError, match="is the source"):
+        save_export(run / "export", weights, "decoder", {}, sources=[run / "export"])
+    assert (tmp_path / "mine" / "f").read_text() == "x"
+    no_leftovers(run)
