@@ -3,10 +3,12 @@
 A checkpoint is ``<dir>/step_<N>/`` holding the DCP files (model, optimizer, scheduler, trainer and data
 position, and when present the EMA weights), the task's state as ``task_state.safetensors`` (small tensors such
 as normalisation statistics, readable without knowing their shapes), one ``rng_rank<R>.pt`` per rank and
-``checkpoint.json`` (format version and the top-level keys saved; format 1 had no such file and saved
-``train``, ``scheduler`` and ``trainer`` only). It is written under ``step_<N>.tmp`` and renamed when
-complete, so a crash mid-write leaves nothing that ``latest()`` would pick. DCP metadata is pickled: these
-directories are trusted local files for resuming; anything shared goes through ``export``.
+``checkpoint.json`` (format version, the top-level keys saved and every file with its size; format 1 had no
+such file and saved ``train``, ``scheduler`` and ``trainer`` only). It is written under ``step_<N>.tmp`` and
+renamed when complete, so a crash mid-write leaves nothing that ``latest()`` would pick, and a checkpoint
+damaged later is found from its manifest and passed over. DCP pickles its metadata and non-tensor values;
+``safe_dcp`` reads both without running code. These directories are for resuming one's own runs; anything
+shared goes through ``export``.
 """
 
 from __future__ import annotations
@@ -22,36 +24,40 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from rich.markup import escape
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_state_dict,
 )
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.stateful import Stateful
 
 from safetensors.torch import load_file, save_file
 
-from longboat.errors import LongboatError
+from longboat.checkpoint.errors import CheckpointError
+from longboat.checkpoint.integrity import (
+    COMPLETE_MARKER,
+    MANIFEST,
+    checkpoint_problem,
+    file_sizes,
+    read_manifest,
+    verify_checkpoint,
+)
+from longboat.checkpoint.safe_dcp import load_dcp
+from longboat.utils.logging import console
 from longboat.utils.seeding import rng_state, set_rng_state
 
 # DCP warns on every single-process save/load; a single process is a supported, intended case here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-COMPLETE_MARKER = "COMPLETE"
-MANIFEST = "checkpoint.json"
 TASK_STATE = "task_state.safetensors"
 CHECKPOINT_FORMAT_VERSION = 2
 _FORMAT_1_CONTENTS = ("train", "scheduler", "trainer")
 # Test-only fault injection: SIGKILL this process after the DCP files of this step are written but before
 # the checkpoint is complete, to prove that an interrupted save is never resumed from.
 FAULT_ENV = "LONGBOAT_FAULT_KILL_DURING_SAVE"
-
-
-class CheckpointError(LongboatError, RuntimeError):
-    """A checkpoint is missing, incomplete or does not match the run."""
 
 
 def _rank() -> int:
@@ -100,8 +106,22 @@ class CheckpointManager:
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:
+        """The newest complete checkpoint whose files are as its manifest records.
+
+        A damaged one is passed over with a warning naming it; when every complete checkpoint is damaged, an
+        error (resuming from nothing would silently restart the run).
+        """
         done = self.complete_checkpoints()
-        return done[-1] if done else None
+        for path in reversed(done):
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path
+            console.print(escape(f"warning: checkpoint {path} is damaged ({problem}); falling back to the "
+                                 "previous complete checkpoint"), style="yellow")
+        if done:
+            raise CheckpointError(f"{done[-1]}: damaged checkpoint: {checkpoint_problem(done[-1])}; "
+                                  f"no complete checkpoint in {self.dir} is intact")
+        return None
 
     def save(self, step: int, state: dict[str, Any], task_state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write ``state`` (Stateful objects and plain values) as checkpoint ``step``; every rank calls this.
@@ -124,7 +144,9 @@ class CheckpointManager:
             if task_state:
                 save_file({k: v.detach().cpu().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
                 contents.append("task")
-            manifest = {"format_version": CHECKPOINT_FORMAT_VERSION, "step": step, "contents": contents}
+            # All ranks' files are on the shared filesystem after the barrier: list them before marking complete.
+            manifest = {"format_version": CHECKPOINT_FORMAT_VERSION, "step": step, "contents": contents,
+                        "files": file_sizes(tmp)}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             (tmp / COMPLETE_MARKER).write_text(f"{step}\n")
             shutil.rmtree(final, ignore_errors=True)
@@ -140,13 +162,15 @@ class CheckpointManager:
 
     def load(self, path: str | os.PathLike, state: dict[str, Any], restore_rng: bool = True) -> None:
         """Load ``path`` into ``state`` in place (Stateful objects are updated; plain values replaced)."""
-        path = Path(path)
-        if not (path / COMPLETE_MARKER).is_file():
-            raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-        dcp.load(state, checkpoint_id=path)
+        path = _verified(path)
+        load_dcp(state, path)
         rng_file = path / f"rng_rank{_rank()}.pt"
         if restore_rng and rng_file.is_file():
-            set_rng_state(torch.load(rng_file, weights_only=True))
+            try:
+                rng = torch.load(rng_file, weights_only=True)
+            except Exception as e:
+                raise CheckpointError(f"{rng_file}: unreadable ({type(e).__name__}: {str(e).strip()[:200]})") from None
+            set_rng_state(rng)
 
     def _prune(self) -> None:
         for p in self.dir.glob("step_*.tmp"):
@@ -156,25 +180,35 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _verified(path: str | os.PathLike) -> Path:
+    """``path`` once it is known to be a complete checkpoint with every file as recorded."""
+    path = Path(path)
+    if not (path / COMPLETE_MARKER).is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+    verify_checkpoint(path)
+    return path
+
+
 def checkpoint_contents(path: str | os.PathLike) -> list[str]:
     """The top-level keys of a checkpoint: from its manifest, or format 1's fixed set."""
-    manifest = Path(path) / MANIFEST
-    if not manifest.is_file():
+    meta = read_manifest(path)
+    if meta is None:
         return list(_FORMAT_1_CONTENTS)
-    try:
-        meta = json.loads(manifest.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{manifest}: unreadable ({e})") from None
     if meta.get("format_version") not in (1, CHECKPOINT_FORMAT_VERSION):
-        raise CheckpointError(f"{manifest}: checkpoint format {meta.get('format_version')} is newer than this "
-                              f"longboat reads ({CHECKPOINT_FORMAT_VERSION}); upgrade longboat")
+        raise CheckpointError(f"{Path(path) / MANIFEST}: checkpoint format {meta.get('format_version')} is newer "
+                              f"than this longboat reads ({CHECKPOINT_FORMAT_VERSION}); upgrade longboat")
     return list(meta["contents"])
 
 
 def load_task_state(path: str | os.PathLike) -> dict[str, torch.Tensor] | None:
     """The task's saved state, or None when the checkpoint holds none."""
     file = Path(path) / TASK_STATE
-    return load_file(str(file)) if file.is_file() else None
+    if not file.is_file():
+        return None
+    try:
+        return load_file(str(file))
+    except Exception as e:  # safetensors raises its own error type for damaged files
+        raise CheckpointError(f"{file}: unreadable ({type(e).__name__}: {e})") from None
 
 
 def load_model_weights(path: str | os.PathLike, model: torch.nn.Module, ema: bool = False) -> bool:
@@ -182,18 +216,16 @@ def load_model_weights(path: str | os.PathLike, model: torch.nn.Module, ema: boo
 
     With ``ema``, the EMA weights when the checkpoint has them; returns whether they were loaded.
     """
-    path = Path(path)
-    if not (path / COMPLETE_MARKER).is_file():
-        raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    dcp.load({"train": ModelOptimizerState(model, None)}, checkpoint_id=path)
+    path = _verified(path)
+    load_dcp({"train": ModelOptimizerState(model, None)}, path)
     if not (ema and "ema" in checkpoint_contents(path)):
         return False
     # The average covers the trainable weights; frozen ones keep the values just loaded.
     weights = model.state_dict()
-    dcp.load({"ema": weights}, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    load_dcp({"ema": weights}, path, allow_partial_load=True)
     model.load_state_dict(weights)
     return True
 
 
-__all__ = ["CheckpointManager", "CheckpointError", "ModelOptimizerState", "checkpoint_contents", "load_model_weights",
-           "load_task_state"]
+__all__ = ["COMPLETE_MARKER", "CheckpointManager", "CheckpointError", "ModelOptimizerState", "checkpoint_contents",
+           "load_model_weights", "load_task_state"]
