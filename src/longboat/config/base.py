@@ -41,19 +41,21 @@ def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def format_validation_error(model: type[BaseModel], err: ValidationError, source: str, prefix: str = "") -> str:
-    lines = [f"{source}: invalid config"]
+    lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"]))
         if e["type"] == "extra_forbidden":
             known = _known_keys(model, e["loc"])
             close = difflib.get_close_matches(str(e["loc"][-1]), known, n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else (f"; valid keys: {', '.join(known)}" if known else "")
-            lines.append(f"  unknown key '{key}'{hint}")
+            lines.append(f"unknown key '{key}'{hint}")
         elif e["type"] == "missing":
-            lines.append(f"  missing required key '{key}'")
+            lines.append(f"missing required key '{key}'")
         else:
-            lines.append(f"  '{key}': {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
+            lines.append(f"'{key}': {e['msg']} (got {e.get('input')!r})")
+    if len(lines) == 1:  # the usual case: one line names the file, the key and what is wrong
+        return f"{source}: {lines[0]}"
+    return f"{source}: {len(lines)} problems\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def validate(model: type[T], data: dict, source: str = "config", prefix: str = "") -> T:
