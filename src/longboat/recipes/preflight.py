@@ -16,6 +16,7 @@ from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
 from longboat.models import get_model
 from longboat.recipes.config import ResolvedRun
+from longboat.utils.device import resolve_device
 
 
 @dataclass
@@ -27,8 +28,9 @@ class Preflight:
 
 
 def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
-    """Mesh arithmetic, tensor-parallel fit, HF export family, data against the model, resume compatibility."""
+    """Device, mesh arithmetic, tensor-parallel fit, HF export family, data against the model, resume."""
     cfg = resolved.cfg
+    resolve_device(cfg.train.device)
     dims = resolve_dims(cfg.parallel, world_size)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
     family = hf_export_family(resolved) if cfg.checkpoint.export_hf else None
