@@ -31,10 +31,18 @@ def test_a_failing_rank_ends_the_job(tmp_path):
 
 
 def test_one_run_per_directory(tmp_path):
-    with RunDirLock(tmp_path):
-        with pytest.raises(RunDirLockedError, match=r"is in use by pid \d+ on host"):
-            RunDirLock(tmp_path).acquire()
-    RunDirLock(tmp_path).acquire()  # released on exit; a dead holder's lock is released by the kernel
+    import subprocess
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from longboat.utils.run_lock import "
+                               "RunDirLock; RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
+                               "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(RunDirLockedError, match=rf"is in use by pid {holder.pid} on host"):
+        RunDirLock(tmp_path).acquire()
+    holder.kill()
+    holder.wait()
+    with RunDirLock(tmp_path):  # a dead holder's lock is released by the kernel
+        pass
 
 
 def test_a_second_run_into_a_busy_directory_is_refused(tmp_path):

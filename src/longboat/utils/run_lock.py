@@ -1,7 +1,9 @@
-"""One run per directory: an exclusive ``flock`` on ``run_dir/.lock`` for as long as the run lives.
+"""One run per directory: an exclusive POSIX lock on ``run_dir/.lock`` for as long as the run lives.
 
 The kernel drops the lock when its process dies, however it dies, so a lock left by a dead run is taken over
-without any clean-up; the file only records who holds it, for the error message.
+without any clean-up; the file only records who holds it, for the error message. A POSIX (``lockf``) lock, not
+``flock``: it belongs to the process, so forked data-loader workers that outlive a killed run for a moment do
+not keep holding it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class RunDirLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = _describe(os.read(fd, 4096))
             os.close(fd)
