@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overwrite(p)
     p.set_defaults(func=_convert)
 
-    p = sub.add_parser("quickstart", help="train a small model on Shakespeare and print a sample (~5 minutes)")
+    p = sub.add_parser("quickstart", help="train a small model on Shakespeare and print samples (5-15 minutes on 2 CPU cores)")
     p.add_argument("--run-dir", default="runs/quickstart")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("overrides", nargs="*", metavar="key=value")

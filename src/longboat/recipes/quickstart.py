@@ -24,6 +24,8 @@ from longboat.data.tokenizer import train_bpe
 from longboat.recipes import train
 from longboat.recipes.config import load_run_config
 from longboat.recipes.generate import generate_text, load_for_inference
+from longboat.trainer.mfu import cpu_bf16_is_slow
+from longboat.utils.device import resolve_device
 from longboat.utils.logging import console
 
 CONFIG = Path("configs/pretrain/quickstart.yaml")
@@ -94,6 +96,10 @@ def run(run_dir: str, steps: int | None = None, overrides: list[str] = ()) -> in
     extra = [f"run_dir={run_dir}", f"data.tokenizer={tok_dir}", f"data.paths=[{prefix}]"]
     if steps is not None:
         extra.append(f"train.steps={steps}")
+    if base.cfg.train.dtype == "bf16" and resolve_device(base.cfg.train.device).type == "cpu" and cpu_bf16_is_slow():
+        # bf16 autocast halves the step time where the CPU has native bf16, and multiplies it many times where not.
+        console.print("this CPU has no native bf16: training in fp32 (train.dtype=bf16 overrides this)")
+        extra.append("train.dtype=fp32")
     resolved = load_run_config(CONFIG, extra + list(overrides))
     result = train.run(resolved)
 

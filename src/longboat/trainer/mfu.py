@@ -54,3 +54,8 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         if peak is not None:
             return peak if dtype != torch.float32 else peak / 2  # TF32 rate is half of bf16
     return measured_cpu_peak_flops(dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32)
+
+
+def cpu_bf16_is_slow() -> bool:
+    """Whether this CPU multiplies bf16 matrices more slowly than fp32 (no native bf16: AVX2 and older)."""
+    return measured_cpu_peak_flops(torch.bfloat16, 512, 3) < measured_cpu_peak_flops(torch.float32, 512, 3)

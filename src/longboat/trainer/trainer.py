@@ -31,7 +31,7 @@ from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
 from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.metrics import MetricsWriter
-from longboat.trainer.mfu import peak_flops
+from longboat.trainer.mfu import cpu_bf16_is_slow, peak_flops
 from longboat.trainer.optim import ParamGroup, build_optimizer
 from longboat.trainer.schedule import build_scheduler
 from longboat.utils.device import peak_memory_mb, resolve_device, set_threads
@@ -127,6 +127,9 @@ class Trainer:
             torch.autocast(self.device.type, dtype=torch.bfloat16) if cfg.dtype == "bf16" else contextlib.nullcontext()
         )
         self._peak = peak_flops(self.device, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+        if cfg.dtype == "bf16" and self.device.type == "cpu" and cpu_bf16_is_slow():
+            console.print("[yellow]warning:[/] train.dtype=bf16, but this CPU has no native bf16 and multiplies bf16 "
+                          "matrices more slowly than fp32; train.dtype=fp32 is faster here")
         # MFU divides by every device of the job: tensor-parallel ranks share a data-parallel replica's work.
         self._n_devices = dist.get_world_size() if dist.is_initialized() else self.dp.size
         self._after_optimizer_step = getattr(unwrap(model), "after_optimizer_step", None)
