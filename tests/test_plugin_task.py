@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 PLUGIN = REPO / "tests" / "plugins" / "toy_policy.py"
 N, STATE, ACTION = 240, 5, 3
-STEPS, BATCH = 24, 16  # 216 training samples: 13 global batches an epoch, so 24 steps run into a second epoch
+STEPS, BATCH = 40, 16  # 216 training samples: 13 global batches an epoch, so 40 steps are three epochs and more
 
 
 def make_data(path, n=N):
@@ -90,7 +90,7 @@ def test_trains_in_epochs_with_sizes_from_the_data(reference):
     assert "samples_per_s" in rows[0] and "tokens_per_s" not in rows[0] and "mfu" not in rows[0]
     assert sum(r["loss"] for r in rows[-4:]) < sum(r["loss"] for r in rows[:4])
     valid = read_metrics(run, "valid")
-    assert [v["step"] for v in valid] == [8, 16, 24] and all(v["action_l1"] > 0 for v in valid)
+    assert [v["step"] for v in valid] == [8, 16, 24, 32, 40] and all(v["action_l1"] > 0 for v in valid)
     assert "M frozen)" in proc.stdout
     # The stem is frozen: equal in every checkpoint; the rest moves.
     models = [ema_model(p) for p in sorted((run / "checkpoints").iterdir())]
@@ -114,10 +114,10 @@ def test_export_carries_statistics_and_ema_weights(reference):
         asset = artifact.assets["normalization.json"]
         assert json.loads(asset if isinstance(asset, bytes) else asset.read_bytes()) == stats
     # `longboat export` of a checkpoint carries the same weights and statistics.
-    run_longboat("export", str(run / "checkpoints" / "step_00000016"), "--output", str(tmp / "e16"), check=True)
-    e16 = open_artifact(tmp / "e16")
-    torch.testing.assert_close(outputs(e16.model), outputs(ema_model(run / "checkpoints" / "step_00000016")))
-    assert json.loads((tmp / "e16" / "normalization.json").read_text()) == stats
+    run_longboat("export", str(run / "checkpoints" / "step_00000032"), "--output", str(tmp / "e32"), check=True)
+    e32 = open_artifact(tmp / "e32")
+    torch.testing.assert_close(outputs(e32.model), outputs(ema_model(run / "checkpoints" / "step_00000032")))
+    assert json.loads((tmp / "e32" / "normalization.json").read_text()) == stats
 
 
 def test_bad_data_config_and_too_little_data_fail_in_one_line(reference, tmp_path):

@@ -101,3 +101,8 @@ def test_check_validates_without_training(corpus, tmp_path):
     assert "dp_shard 1 × tp 2" in two.stdout
     three = run_longboat(*tiny_run_args(run, corpus), "--check", "--nproc", "2", "parallel.dp_shard=3")
     assert three.returncode == 2 and "= 3 ranks, but the job has 2" in three.stderr
+
+
+def test_the_summary_reports_only_the_validation_it_will_run(corpus, tmp_path):
+    proc = run_longboat(*tiny_run_args(tmp_path / "run", corpus, "data.split=1,0,0", "train.steps=1"), check=True)
+    assert "valid_samples 0" in proc.stdout
