@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_file, save_model
 
 from longboat.errors import LongboatError
@@ -96,6 +97,11 @@ def load_export_weights(export_dir: str | os.PathLike, model: torch.nn.Module) -
     weights = Path(export_dir) / WEIGHTS
     if not weights.is_file():
         raise ExportError(f"{export_dir}: no {WEIGHTS}")
-    missing, unexpected = load_model(model, str(weights), strict=False)
+    try:
+        missing, unexpected = load_model(model, str(weights), strict=False)
+    except (SafetensorError, OSError) as e:  # truncated or not safetensors at all
+        raise ExportError(f"{weights}: not a readable safetensors file ({e})") from None
+    except RuntimeError as e:  # a tensor whose shape the config does not give
+        raise ExportError(f"{weights}: does not match {EXPORT_CONFIG} ({str(e).splitlines()[0]})") from None
     if missing or unexpected:
         raise ExportError(f"{weights}: missing tensors {sorted(missing)}, unexpected tensors {sorted(unexpected)}")
