@@ -69,8 +69,10 @@ class MultiHeadLatentAttention(nn.Module):
         return apply_rope(deinterleave(x) if self.interleaved else x, cos, sin)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LatentCache | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LatentCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``mask``: a [B, 1, T, T] boolean mask that replaces the causal one (packed documents)."""
         B, T, _ = x.shape
         q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q_nope, q_pe = q.view(B, T, self.n_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
@@ -80,7 +82,7 @@ class MultiHeadLatentAttention(nn.Module):
         c_kv = self.kv_a_layernorm(c_kv)
         k_pe = self._rope(k_pe.unsqueeze(2), cos, sin).squeeze(2)  # one rotated key part per token
 
-        mask, causal = None, T > 1
+        causal = mask is None and T > 1
         if cache is not None:
             mask, causal = chunk_attention_mask(cache.length, T, x.device)
             c_kv, k_pe = cache.update(self.layer_id, c_kv, k_pe)

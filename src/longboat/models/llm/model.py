@@ -22,6 +22,16 @@ from longboat.models.llm.rope import apply_rope, rope_tables
 from longboat.models.moe import MoE
 
 
+def segment_attention_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] boolean SDPA mask from segment ids [B, T]: causal, and never across segments.
+
+    Block-diagonal causal attention is exact for packed documents: each one sees only itself, as if alone.
+    """
+    T = segments.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    return ((segments[:, :, None] == segments[:, None, :]) & causal)[:, None]
+
+
 class Attention(nn.Module):
     """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads."""
 
@@ -38,8 +48,10 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(hd, eps=cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``mask``: a [B, 1, T, T] boolean mask that replaces the causal one (packed documents)."""
         B, T, _ = x.shape
         # Head counts come from the projections (-1), so a tensor-parallel shard of heads works unchanged.
         q = self.wq(x).view(B, T, -1, self.head_dim)
@@ -50,7 +62,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, head_dim]
 
-        mask, causal = None, T > 1
+        causal = mask is None and T > 1
         if cache is not None:
             mask, causal = chunk_attention_mask(cache.length, T, x.device)
             k, v = cache.update(self.layer_id, k, v)
@@ -105,9 +117,10 @@ class Block(nn.Module):
         self.aux: dict[str, torch.Tensor] | None = None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | LatentCache | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | LatentCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, mask)
         if not self.is_moe:
             return x + self.feed_forward(self.ffn_norm(x))
         y, self.aux = self.feed_forward(self.ffn_norm(x))
@@ -207,21 +220,27 @@ class Decoder(nn.Module):
         return self.rope_cos[start : start + T], self.rope_sin[start : start + T]
 
     def hidden_states(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
+        segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
-        ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding.
+        ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding. ``segments``
+        [B, T] (packed documents): a position attends only to earlier positions with the same segment id.
         """
+        if segments is not None and cache is not None:
+            raise ValueError("segments (packed documents) are for training and scoring, not cached decoding")
         cos, sin = self._rope(tokens.shape[1], positions, cache)
+        mask = segment_attention_mask(segments) if segments is not None else None
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin, cache)
+            h = layer(h, cos, sin, cache, mask)
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.norm(h)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
+        segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return F.linear(self.hidden_states(tokens, positions, cache), self.output_weight)
+        return F.linear(self.hidden_states(tokens, positions, cache, segments), self.output_weight)

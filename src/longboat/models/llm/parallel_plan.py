@@ -44,9 +44,9 @@ def check_tensor_parallel(cfg: DecoderConfig, tp: int) -> None:
 
 def tensor_parallel_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
     """Module name pattern (``*`` matches one block index; ``""`` is the root) → parallel style."""
-    block_input = PrepareModuleInput(  # attention(x, cos, sin, cache): gather x; RoPE tables stay plain tensors
-        input_layouts=(Shard(1), None, None, None),
-        desired_input_layouts=(Replicate(), None, None, None),
+    block_input = PrepareModuleInput(  # attention(x, cos, sin, cache, mask): gather x; the rest stay plain tensors
+        input_layouts=(Shard(1), None, None, None, None),
+        desired_input_layouts=(Replicate(), None, None, None, None),
         use_local_output=True,
     )
     plan: dict[str, ParallelStyle] = {
