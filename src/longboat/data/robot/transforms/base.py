@@ -1,0 +1,104 @@
+"""The transform contract, the registry of transforms by name, and the checks transforms share.
+
+A transform maps an item (a dict of tensors keyed like LeRobot: ``observation.state``, ``action``,
+``observation.images.<cam>``, ``<key>_is_pad``) to a new item, leaving the input untouched. Tensors may carry any
+leading (batch, time) dimensions. An invertible transform also maps model outputs back (``unapply``). Statistics a
+transform reads are declared by ``needs`` so the pipeline checks them before work and serialises exactly them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from longboat.config.base import ConfigError, StrictModel
+from longboat.errors import LongboatError
+
+Stats = dict[str, dict[str, torch.Tensor]]  # stats[feature][stat], float32 tensors shaped like the feature
+
+
+class TransformError(LongboatError, ValueError):
+    """An item does not fit a transform (a key missing, a wrong shape or dtype); the message names the key."""
+
+
+class Transform:
+    """One step of a pipeline, built from its validated ``Config`` and the statistics it ``needs``.
+
+    ``training`` is set by the pipeline: random transforms draw only while it is true and are deterministic
+    (identity or a centre crop) otherwise.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[StrictModel]]
+    invertible: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any, stats: Stats):
+        self.cfg = cfg
+        self.stats: Stats = {}  # what it read: the pipeline serialises these
+        for feature, stat in self.needs(cfg):
+            self.stats.setdefault(feature, {})[stat] = stats[feature][stat]
+        self.training = True
+
+    @classmethod
+    def needs(cls, cfg: Any) -> list[tuple[str, str]]:
+        """The (feature, stat) pairs this transform reads from the dataset statistics."""
+        return []
+
+    def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
+        raise NotImplementedError
+
+    def unapply(self, item: dict) -> dict:
+        raise TransformError(f"{self.name}: not invertible")
+
+
+_TRANSFORMS: dict[str, type[Transform]] = {}
+
+
+def register_transform(name: str) -> Callable[[type[Transform]], type[Transform]]:
+    def wrap(cls: type[Transform]) -> type[Transform]:
+        if name in _TRANSFORMS:
+            raise ValueError(f"transform '{name}' registered twice")
+        if not (isinstance(getattr(cls, "Config", None), type) and issubclass(cls.Config, StrictModel)):
+            raise ValueError(f"transform '{name}' must define Config, a StrictModel")
+        cls.name = name
+        _TRANSFORMS[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_transform(name: str) -> type[Transform]:
+    if name not in _TRANSFORMS:
+        raise ConfigError(f"unknown transform '{name}'; known transforms: {', '.join(sorted(_TRANSFORMS))}")
+    return _TRANSFORMS[name]
+
+
+def transform_names() -> list[str]:
+    return sorted(_TRANSFORMS)
+
+
+def image_of(item: dict, key: str, transform: str) -> torch.Tensor:
+    """``item[key]`` checked to be a float image tensor [..., C, H, W]."""
+    if key not in item:
+        raise TransformError(f"{transform}: the item has no '{key}'; it has: {', '.join(sorted(item))}")
+    x = item[key]
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 3:
+        got = f"{x.dtype} tensor of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TransformError(f"{transform}: '{key}' must be a float image tensor [..., C, H, W], got {got}")
+    return x
+
+
+def vector_of(item: dict, key: str, transform: str, min_dims: int = 1) -> torch.Tensor:
+    """``item[key]`` checked to be a tensor [..., D] with at least ``min_dims`` dimensions."""
+    x = item[key]
+    if not isinstance(x, torch.Tensor) or x.ndim < min_dims:
+        got = f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TransformError(f"{transform}: '{key}' must be a tensor with at least {min_dims} dimension(s), got {got}")
+    return x
+
+
+def as_images(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
+    """[..., C, H, W] -> ([N, C, H, W], leading shape), so every image is treated alike."""
+    lead = x.shape[:-3]
+    return x.reshape(-1, *x.shape[-3:]), lead

@@ -1,0 +1,93 @@
+"""Colour jitter for RGB images in [0, 1]: brightness, contrast, saturation and hue, each with a factor drawn
+per image (as torchvision's ColorJitter draws them, in this fixed order), in torch alone. Off outside training."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from longboat.config.base import StrictModel
+from longboat.data.robot.transforms.base import Transform, TransformError, as_images, image_of, register_transform
+
+# ITU-R 601-2 luma, the grayscale PIL and torchvision use
+_LUMA = (0.299, 0.587, 0.114)
+
+
+class ColorJitterConfig(StrictModel):
+    keys: list[str] = Field(min_length=1, description="RGB image features to jitter")
+    brightness: float = Field(default=0.0, ge=0, description="factor drawn from [max(0, 1 - b), 1 + b]")
+    contrast: float = Field(default=0.0, ge=0, description="factor drawn from [max(0, 1 - c), 1 + c]")
+    saturation: float = Field(default=0.0, ge=0, description="factor drawn from [max(0, 1 - s), 1 + s]")
+    hue: float = Field(default=0.0, ge=0, le=0.5, description="shift of the hue, in turns, drawn from [-h, h]")
+
+
+def grayscale(rgb: torch.Tensor) -> torch.Tensor:
+    """[..., 3, H, W] -> [..., 1, H, W]."""
+    r, g, b = rgb.unbind(-3)
+    return (_LUMA[0] * r + _LUMA[1] * g + _LUMA[2] * b).unsqueeze(-3)
+
+
+def rgb_to_hsv(rgb: torch.Tensor) -> torch.Tensor:
+    """[..., 3, H, W] in [0, 1] -> hue (turns, [0, 1)), saturation, value."""
+    r, g, b = rgb.unbind(-3)
+    value, argmax = rgb.max(-3)
+    delta = value - rgb.min(-3).values
+    safe = torch.where(delta > 0, delta, torch.ones_like(delta))
+    hue = torch.where(argmax == 0, ((g - b) / safe) % 6,
+                      torch.where(argmax == 1, (b - r) / safe + 2, (r - g) / safe + 4))
+    hue = torch.where(delta > 0, hue / 6, torch.zeros_like(hue))
+    saturation = torch.where(value > 0, delta / torch.where(value > 0, value, torch.ones_like(value)),
+                             torch.zeros_like(value))
+    return torch.stack((hue, saturation, value), -3)
+
+
+def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``rgb_to_hsv``: channel n is v - v·s·clamp(min(k, 4 - k), 0, 1), k = (n + 6h) mod 6."""
+    hue, saturation, value = (t.unsqueeze(-3) for t in hsv.unbind(-3))
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=hsv.dtype, device=hsv.device).view(3, 1, 1)
+    k = (n + hue * 6) % 6
+    return value - value * saturation * torch.minimum(k, 4 - k).clamp(0, 1)
+
+
+@register_transform("color_jitter")
+class ColorJitter(Transform):
+    Config = ColorJitterConfig
+
+    def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
+        cfg = self.cfg
+        if not self.training or not (cfg.brightness or cfg.contrast or cfg.saturation or cfg.hue):
+            return item
+        out = dict(item)
+        for key in cfg.keys:
+            images, lead = as_images(image_of(item, key, self.name))
+            if images.shape[1] != 3 and (cfg.contrast or cfg.saturation or cfg.hue):
+                raise TransformError(f"{self.name}: '{key}' has {images.shape[1]} channels; contrast, saturation "
+                                     f"and hue need RGB (3)")
+            if cfg.brightness:
+                images = (images * _scale(images, cfg.brightness, generator)).clamp(0, 1)
+            if cfg.contrast:
+                mean = grayscale(images).mean(dim=(-3, -2, -1), keepdim=True)
+                images = _blend(images, mean, _scale(images, cfg.contrast, generator))
+            if cfg.saturation:
+                images = _blend(images, grayscale(images), _scale(images, cfg.saturation, generator))
+            if cfg.hue:
+                hsv = rgb_to_hsv(images)
+                hue = (hsv[:, :1] + _draw(images, -cfg.hue, cfg.hue, generator)) % 1
+                images = hsv_to_rgb(torch.cat((hue, hsv[:, 1:]), 1))
+            out[key] = images.reshape(*lead, *images.shape[-3:])
+        return out
+
+
+def _scale(images: torch.Tensor, spread: float, generator: torch.Generator | None) -> torch.Tensor:
+    return _draw(images, max(0.0, 1 - spread), 1 + spread, generator)
+
+
+def _draw(images: torch.Tensor, lo: float, hi: float, generator: torch.Generator | None) -> torch.Tensor:
+    """One value per image of [N, C, H, W], uniform in [lo, hi], shaped to broadcast over the image."""
+    u = torch.rand(images.shape[0], generator=generator).to(device=images.device, dtype=images.dtype)
+    return (lo + (hi - lo) * u).view(-1, 1, 1, 1)
+
+
+def _blend(images: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """factor · images + (1 - factor) · other, clipped to [0, 1] (factor 0: ``other``, 1: unchanged)."""
+    return (factor * images + (1 - factor) * other).clamp(0, 1)

@@ -1,0 +1,45 @@
+"""A pipeline as files an export carries: its config as JSON and the statistics it read as safetensors, from
+which a served policy rebuilds exactly the pipeline it was trained with. Never a pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from longboat.config.base import ConfigError
+from longboat.data.robot.transforms.pipeline import Pipeline
+
+TRANSFORMS_CONFIG = "transforms.json"
+TRANSFORMS_STATS = "transforms.safetensors"
+FORMAT_VERSION = 1
+
+
+def pipeline_assets(pipeline: Pipeline) -> dict[str, bytes]:
+    """File name -> bytes, the shape of ``Task.export_assets``."""
+    config = {"format_version": FORMAT_VERSION, "transforms": pipeline.to_dict()}
+    return {TRANSFORMS_CONFIG: (json.dumps(config, indent=2) + "\n").encode(),
+            TRANSFORMS_STATS: save(pipeline.state_dict(), metadata={"format": "pt"})}
+
+
+def load_pipeline(directory: str | os.PathLike, *, seed: int = 0, train: bool = False) -> Pipeline:
+    """The pipeline ``pipeline_assets`` wrote into ``directory``, in evaluation mode unless ``train``."""
+    config_path, stats_path = Path(directory) / TRANSFORMS_CONFIG, Path(directory) / TRANSFORMS_STATS
+    for path in (config_path, stats_path):
+        if not path.is_file():
+            raise ConfigError(f"{directory}: no {path.name}; the export carries no transform pipeline")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{config_path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict) or config.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(f"{config_path}: not a transform list of format {FORMAT_VERSION}")
+    try:
+        state_dict = load_file(stats_path)
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"{stats_path}: not a readable safetensors file ({e})") from None
+    return Pipeline.from_state_dict(config.get("transforms"), state_dict, source=str(config_path), seed=seed,
+                                    train=train)

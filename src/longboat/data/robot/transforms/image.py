@@ -1,0 +1,108 @@
+"""Image geometry: resize keeping the aspect ratio and pad to a size (openpi's resize_with_pad), centre crop,
+random crop. Images are float [..., C, H, W]; every image of the leading (batch, time) dimensions is treated
+alike, and a random crop draws its own offset per image."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, PositiveInt
+
+from longboat.config.base import StrictModel
+from longboat.data.robot.transforms.base import Transform, TransformError, as_images, image_of, register_transform
+
+
+class ResizePadConfig(StrictModel):
+    keys: list[str] = Field(min_length=1, description="image features to resize")
+    size: tuple[PositiveInt, PositiveInt] = Field(description="[height, width] of the output")
+    interpolation: Literal["bilinear", "nearest"] = "bilinear"
+    antialias: bool = Field(default=True, description="low-pass before shrinking (bilinear only), as PIL does")
+    pad_value: float = Field(default=0.0, description="the border's value (0: black for images in [0, 1])")
+
+
+@register_transform("resize_pad")
+class ResizePad(Transform):
+    """Scale the image to fit inside ``size`` without distortion, then pad it evenly (the extra pixel of an odd
+    margin goes to the bottom or right)."""
+
+    Config = ResizePadConfig
+
+    def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
+        out = dict(item)
+        height, width = self.cfg.size
+        for key in self.cfg.keys:
+            images, lead = as_images(image_of(item, key, self.name))
+            h, w = images.shape[-2:]
+            # Integer arithmetic: the longer side (relative to the target) fills it exactly, the other is floored.
+            if w * height >= h * width:
+                rh, rw = max(h * width // w, 1), width
+            else:
+                rh, rw = height, max(w * height // h, 1)
+            if (rh, rw) != (h, w):
+                bilinear = self.cfg.interpolation == "bilinear"
+                images = F.interpolate(images, size=(rh, rw), mode=self.cfg.interpolation,
+                                       **({"align_corners": False, "antialias": self.cfg.antialias} if bilinear else {}))
+            top, left = (height - rh) // 2, (width - rw) // 2
+            images = F.pad(images, (left, width - rw - left, top, height - rh - top), value=self.cfg.pad_value)
+            out[key] = images.reshape(*lead, *images.shape[-3:])
+        return out
+
+
+class CropConfig(StrictModel):
+    keys: list[str] = Field(min_length=1, description="image features to crop")
+    size: tuple[PositiveInt, PositiveInt] = Field(description="[height, width] of the crop")
+
+
+def _crop_offsets(images: torch.Tensor, size: tuple[int, int], key: str, transform: str) -> tuple[int, int]:
+    """The room (rows, columns) a crop of ``size`` leaves; an image smaller than the crop is an error."""
+    (h, w), (ch, cw) = images.shape[-2:], size
+    if ch > h or cw > w:
+        raise TransformError(f"{transform}: '{key}' is {h}x{w}, smaller than the crop {ch}x{cw}")
+    return h - ch, w - cw
+
+
+def _center_crop(item: dict, cfg: CropConfig, transform: str) -> dict:
+    out = dict(item)
+    ch, cw = cfg.size
+    for key in cfg.keys:
+        x = image_of(item, key, transform)
+        room_h, room_w = _crop_offsets(x, cfg.size, key, transform)
+        top, left = room_h // 2, room_w // 2
+        out[key] = x[..., top:top + ch, left:left + cw]
+    return out
+
+
+@register_transform("center_crop")
+class CenterCrop(Transform):
+    Config = CropConfig
+
+    def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
+        return _center_crop(item, self.cfg, self.name)
+
+
+@register_transform("random_crop")
+class RandomCrop(Transform):
+    """A crop at a uniformly drawn position per image while training; the centre crop otherwise."""
+
+    Config = CropConfig
+
+    def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
+        if not self.training:
+            return _center_crop(item, self.cfg, self.name)
+        out = dict(item)
+        ch, cw = self.cfg.size
+        for key in self.cfg.keys:
+            images, lead = as_images(image_of(item, key, self.name))
+            room_h, room_w = _crop_offsets(images, self.cfg.size, key, self.name)
+            (n, c), dev = images.shape[:2], images.device
+            tops = torch.randint(0, room_h + 1, (n,), generator=generator).to(dev)
+            lefts = torch.randint(0, room_w + 1, (n,), generator=generator).to(dev)
+            # One gather for every image: rows [n, ch] and columns [n, cw] broadcast to [n, c, ch, cw].
+            rows = (tops[:, None] + torch.arange(ch, device=dev))[:, None, :, None]
+            cols = (lefts[:, None] + torch.arange(cw, device=dev))[:, None, None, :]
+            crops = images[torch.arange(n, device=dev)[:, None, None, None],
+                           torch.arange(c, device=dev)[None, :, None, None], rows, cols]
+            out[key] = crops.reshape(*lead, c, ch, cw)
+        return out
