@@ -22,7 +22,7 @@ from longboat.data.robot.transforms import (
     register_transform,
     transform_names,
 )
-from longboat.data.robot.transforms.color import hsv_to_rgb, rgb_to_hsv
+from longboat.data.robot.transforms.color import shift_hue
 
 STATE, ACTION, TOP, WRIST = "observation.state", "action", "observation.images.top", "observation.images.wrist"
 STAT_NAMES = ("min", "max", "mean", "std", "q01", "q10", "q50", "q90", "q99")
@@ -176,14 +176,19 @@ def test_random_crop_draws_a_window_per_image_reproducibly_and_centres_in_eval()
 
 # --- colour --------------------------------------------------------------------------------------------------
 
-def test_hsv_conversion_matches_colorsys_and_inverts():
+def test_hue_shift_matches_colorsys_and_keeps_greys():
     rgb = torch.rand(2, 3, 5, 6)
     rgb[0, :, 0, 0] = 0.5  # grey: no hue, no saturation
     rgb[0, :, 0, 1] = 0.0  # black
-    hsv = rgb_to_hsv(rgb)
-    ref = np.array([colorsys.rgb_to_hsv(*px) for px in rgb.permute(0, 2, 3, 1).reshape(-1, 3).tolist()])
-    np.testing.assert_allclose(hsv.permute(0, 2, 3, 1).reshape(-1, 3).numpy(), ref, atol=2e-6)
-    torch.testing.assert_close(hsv_to_rgb(hsv), rgb, atol=2e-6, rtol=0)
+    rgb[1, :, 0, 0] = torch.tensor([0.9, 0.2, 0.2])  # red with a negative in-sextant offset when turned back
+    shift = torch.tensor([0.3, -0.45]).view(2, 1, 1, 1)
+    out = shift_hue(rgb, shift)
+    for n in range(2):
+        px = rgb[n].permute(1, 2, 0).reshape(-1, 3).tolist()
+        ref = [colorsys.hsv_to_rgb((h + shift[n].item()) % 1, s, v) for h, s, v in (colorsys.rgb_to_hsv(*q) for q in px)]
+        np.testing.assert_allclose(out[n].permute(1, 2, 0).reshape(-1, 3).numpy(), np.array(ref), atol=2e-6)
+    assert torch.equal(out[0, :, 0, :2], rgb[0, :, 0, :2])
+    torch.testing.assert_close(shift_hue(rgb, torch.zeros(2, 1, 1, 1)), rgb, atol=2e-6, rtol=0)
 
 
 def numpy_jitter(img: np.ndarray, b: float, c: float, s: float, h: float) -> np.ndarray:

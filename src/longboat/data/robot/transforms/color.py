@@ -27,26 +27,20 @@ def grayscale(rgb: torch.Tensor) -> torch.Tensor:
     return (_LUMA[0] * r + _LUMA[1] * g + _LUMA[2] * b).unsqueeze(-3)
 
 
-def rgb_to_hsv(rgb: torch.Tensor) -> torch.Tensor:
-    """[..., 3, H, W] in [0, 1] -> hue (turns, [0, 1)), saturation, value."""
-    r, g, b = rgb.unbind(-3)
-    value, argmax = rgb.max(-3)
-    delta = value - rgb.min(-3).values
-    safe = torch.where(delta > 0, delta, torch.ones_like(delta))
-    hue = torch.where(argmax == 0, ((g - b) / safe) % 6,
-                      torch.where(argmax == 1, (b - r) / safe + 2, (r - g) / safe + 4))
-    hue = torch.where(delta > 0, hue / 6, torch.zeros_like(hue))
-    saturation = torch.where(value > 0, delta / torch.where(value > 0, value, torch.ones_like(value)),
-                             torch.zeros_like(value))
-    return torch.stack((hue, saturation, value), -3)
-
-
-def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``rgb_to_hsv``: channel n is v - v·s·clamp(min(k, 4 - k), 0, 1), k = (n + 6h) mod 6."""
-    hue, saturation, value = (t.unsqueeze(-3) for t in hsv.unbind(-3))
-    n = torch.tensor([5.0, 3.0, 1.0], dtype=hsv.dtype, device=hsv.device).view(3, 1, 1)
-    k = (n + hue * 6) % 6
-    return value - value * saturation * torch.minimum(k, 4 - k).clamp(0, 1)
+def shift_hue(rgb: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """[N, 3, H, W] in [0, 1] with the HSV hue turned by ``shift`` (turns, broadcast as [N, 1, 1, 1]), keeping
+    saturation and value. Only the hue is computed: each channel is value - chroma * clamp(min(k, 4 - k), 0, 1),
+    k = (n + 6 hue) mod 6 with n = 5, 3, 1 for red, green, blue, and value·saturation is the chroma."""
+    r, g, b = rgb[:, 0:1], rgb[:, 1:2], rgb[:, 2:3]
+    value = rgb.amax(1, keepdim=True)
+    chroma = value - rgb.amin(1, keepdim=True)
+    safe = torch.where(chroma > 0, chroma, 1.0)  # grey pixels: the channel differences are 0, so is the hue
+    # The largest channel picks the sextant (red 0, green 2, blue 4); the other two place the hue within it.
+    sextant = torch.where(value == r, (g - b) / safe, torch.where(value == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    sextant = torch.remainder(sextant + 6 * shift, 6)
+    k = torch.tensor([5.0, 3.0, 1.0], dtype=rgb.dtype, device=rgb.device).view(1, 3, 1, 1) + sextant
+    k = torch.where(k >= 6, k - 6, k)  # k < 12: one wrap, cheaper than a remainder over three channels
+    return value - chroma * torch.minimum(k, 4 - k).clamp(0, 1)
 
 
 @register_transform("color_jitter")
@@ -71,9 +65,7 @@ class ColorJitter(Transform):
             if cfg.saturation:
                 images = _blend(images, grayscale(images), _scale(images, cfg.saturation, generator))
             if cfg.hue:
-                hsv = rgb_to_hsv(images)
-                hue = (hsv[:, :1] + _draw(images, -cfg.hue, cfg.hue, generator)) % 1
-                images = hsv_to_rgb(torch.cat((hue, hsv[:, 1:]), 1))
+                images = shift_hue(images, _draw(images, -cfg.hue, cfg.hue, generator))
             out[key] = images.reshape(*lead, *images.shape[-3:])
         return out
 
