@@ -41,9 +41,11 @@ class ResizePad(Transform):
             else:
                 rh, rw = height, max(w * height // h, 1)
             if (rh, rw) != (h, w):
-                bilinear = self.cfg.interpolation == "bilinear"
-                images = F.interpolate(images, size=(rh, rw), mode=self.cfg.interpolation,
-                                       **({"align_corners": False, "antialias": self.cfg.antialias} if bilinear else {}))
+                if self.cfg.interpolation == "bilinear":
+                    images = F.interpolate(images, size=(rh, rw), mode="bilinear", align_corners=False,
+                                           antialias=self.cfg.antialias)
+                else:
+                    images = F.interpolate(images, size=(rh, rw), mode="nearest")
             top, left = (height - rh) // 2, (width - rw) // 2
             images = F.pad(images, (left, width - rw - left, top, height - rh - top), value=self.cfg.pad_value)
             out[key] = images.reshape(*lead, *images.shape[-3:])

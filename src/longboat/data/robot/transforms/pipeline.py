@@ -62,7 +62,7 @@ class Pipeline:
         """The transformed item (a new dict; the input is not modified). Random transforms draw from
         ``generator`` when given (e.g. one seeded per sample, for loaders that resume exactly), else from the
         pipeline's own, seeded at construction."""
-        generator = generator or self.generator
+        generator = self.generator if generator is None else generator
         for t in self.transforms:
             item = t.apply(item, generator)
         return item
