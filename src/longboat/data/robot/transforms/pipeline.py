@@ -2,8 +2,8 @@
 statistics before any item is read, applied in order and un-applied (the invertible ones) in reverse.
 
 Item flow at inference: ``obs = pipeline.apply(raw_observation)``; the model reads ``obs``; then
-``pipeline.unapply({**obs, "action": model_output})`` walks back, so every step finds what it needs (relative
-actions find the state, restored to robot units by the steps after them).
+``pipeline.unapply({**obs, "action": model_output})`` walks back, so every step finds what it needs: relative
+actions find the state, which the inverses of the steps listed after them (run first) restored to robot units.
 
 A pipeline is carried by its config (``to_dict``, JSON) and the statistics it read (``state_dict``, tensors
 keyed ``<feature>/<stat>``, ready for safetensors); ``from_state_dict`` rebuilds the identical pipeline.
@@ -60,8 +60,9 @@ class Pipeline:
 
     def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
         """The transformed item (a new dict; the input is not modified). Random transforms draw from
-        ``generator`` when given (e.g. one seeded per sample, for loaders that resume exactly), else from the
-        pipeline's own, seeded at construction."""
+        ``generator`` when given, else from the pipeline's own, seeded at construction. A dataset should pass one
+        seeded from (seed, sample index): loader workers each hold a copy of the pipeline's generator, which would
+        repeat the same draws, and per-sample seeds also make a resumed run draw what the first run did."""
         generator = self.generator if generator is None else generator
         for t in self.transforms:
             item = t.apply(item, generator)
