@@ -105,7 +105,11 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
 
 
 def _count(n: int) -> str:
-    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.1f}K"
+    """A parameter count to three or so significant figures: 1.2B, 12.3M, 4.1K."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
 
 
 def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun, runtime: Runtime) -> None:
