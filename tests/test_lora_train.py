@@ -206,7 +206,7 @@ def test_fsdp2_on_two_ranks_trains_the_adapters_of_a_frozen_base(run, corpus, hf
     config = write_config(tmp_path / "lora.yaml", tmp_path / "run", corpus, hf_dir, every=STEPS)
     log = tmp_path / "train.log"
     proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(config),
-                  "train.micro_batch_size=2", "parallel.meta_init=true"], log)
+                  "train.micro_batch_size=2"], log)
     out = finish(proc, log, timeout=300)
     assert proc.returncode == 0, out[-6000:]
     assert "mesh dp_replicate 1 × dp_shard 2 × tp 1 (fsdp)" in out and "(4.1K trainable, 127.3K frozen)" in out
