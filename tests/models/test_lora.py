@@ -166,3 +166,28 @@ def test_peft_adapter_loads_onto_the_transformers_model_with_equal_logits(tmp_pa
         mine = ours(TOKENS)
         assert (mine - transformers.AutoModelForCausalLM.from_pretrained(hf_dir)(TOKENS).logits).abs().max() > 1e-2
     torch.testing.assert_close(theirs, mine, rtol=0, atol=1e-5)
+
+
+def test_task_groups_restrict_the_adapters_that_train():
+    from longboat.recipes.lora import lora_param_groups
+    from longboat.trainer.optim import OptimizerConfig, ParamGroup, build_optimizer, freeze_outside
+
+    model = decoder()
+    apply_lora(model, LoRAConfig(rank=2, targets=["wq", "w1"]))
+    names = [n for n, _ in model.named_parameters()]
+    assert lora_param_groups(model, None)[0].names == [n for n in names if is_lora_name(n)]
+    # A task that trains layer 1 at half the learning rate and the final norm: only layer 1's adapters train.
+    task = [ParamGroup([n for n in names if n.startswith("layers.1.")], lr_scale=0.5), ParamGroup(["norm.weight"])]
+    groups = lora_param_groups(model, task)
+    assert [g.names for g in groups] == [["layers.1.attention.wq.lora_A", "layers.1.attention.wq.lora_B",
+                                          "layers.1.feed_forward.w1.lora_A", "layers.1.feed_forward.w1.lora_B"]]
+    assert groups[0].lr_scale == 0.5
+    freeze_outside(model, groups)
+    optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2), groups)
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    assert held == {id(p) for n, p in model.named_parameters() if n in groups[0].names}
+    model.train()
+    model(TOKENS).sum().backward()
+    assert {n for n, p in model.named_parameters() if p.grad is not None} == set(groups[0].names)
+    with pytest.raises(ConfigError, match="no adapted module lies in the task's parameter groups"):
+        lora_param_groups(model, [ParamGroup(["norm.weight"])])

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from longboat.config.base import ConfigError
 from longboat.models import ModelSpec
 from longboat.models.lora import LoRAConfig, is_lora_name, merged_state_dict
 from longboat.models.peft_adapter import save_peft_adapter
@@ -25,6 +26,9 @@ def lora_param_groups(model: nn.Module, task_groups: list[ParamGroup] | None) ->
         members = [n for n in names if n in named or f"{n.rpartition('.')[0]}.weight" in named]
         if members:
             groups.append(ParamGroup(members, group.lr_scale, group.weight_decay))
+    if not groups:
+        raise ConfigError("lora.targets: no adapted module lies in the task's parameter groups, so nothing would "
+                          "train; target layers of the components the task trains")
     return groups
 
 
