@@ -10,9 +10,11 @@ import json
 import shutil
 import sys
 
+import peft
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import transformers
 import yaml
 from safetensors.torch import load_file
 
@@ -27,9 +29,6 @@ from longboat.recipes.export import export_run
 from longboat.recipes.preflight import preflight
 from longboat.trainer.metrics import read_metrics
 from tests.distributed.conftest import finish, start
-
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 pytestmark = pytest.mark.slow
 
@@ -82,20 +81,21 @@ def adapted_model(run_dir, checkpoint):
     return model.eval()
 
 
-def logits(model):
+def logits(model) -> torch.Tensor:
+    """Next-token logits of ours or of a transformers/PEFT model (whose output holds them in ``.logits``)."""
     with torch.no_grad():
-        return model(TOKENS) if not hasattr(model, "generation_config") else model(TOKENS).logits
+        out = model(TOKENS)
+    return out if isinstance(out, torch.Tensor) else out.logits
 
 
 @pytest.fixture(scope="module")
 def run(corpus, hf_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
-    config = write_config(tmp / "lora.yaml", tmp / "run", corpus, hf_dir)
-    return tmp / "run", config, train_run(config)
+    return tmp / "run", train_run(write_config(tmp / "lora.yaml", tmp / "run", corpus, hf_dir))
 
 
 def test_only_adapters_train_and_the_base_stays_as_loaded(run, hf_dir):
-    run_dir, _, out = run
+    run_dir, out = run
     # base: 2 · 512·64 (embeddings, head) + 2 layers · (3·64² + 2·32·64 + 3·64·96 + 2·64) + 64 = 127,296;
     # adapters: 2 layers · rank 4 · ((64+64) wq + (64+32) wv + (64+64) wo + (96+64) w2) = 4,096
     assert "decoder 131.4K parameters (4.1K trainable, 127.3K frozen) · LoRA rank 4" in out, out
@@ -114,7 +114,7 @@ def test_only_adapters_train_and_the_base_stays_as_loaded(run, hf_dir):
 
 
 def test_exports_are_merged_and_match_the_adapted_model_and_peft(run, hf_dir):
-    run_dir, _, _ = run
+    run_dir, _ = run
     adapted = logits(adapted_model(run_dir, run_dir / "checkpoints" / f"step_{STEPS:08d}"))
     base_hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     assert (adapted - logits(base_hf)).abs().max() > 1e-2  # training changed the function
@@ -137,7 +137,7 @@ def test_exports_are_merged_and_match_the_adapted_model_and_peft(run, hf_dir):
 
 
 def test_a_checkpoint_opens_and_exports_merged(run, tmp_path):
-    run_dir, _, _ = run
+    run_dir, _ = run
     checkpoint = run_dir / "checkpoints" / "step_00000003"
     expected = logits(adapted_model(run_dir, checkpoint))
     artifact = open_artifact(checkpoint)
@@ -158,7 +158,7 @@ def saved_tensors(checkpoint) -> dict[str, torch.Tensor]:
 
 def test_resume_is_exact_and_only_adapters_have_optimizer_state(run, corpus, hf_dir, tmp_path):
     """Cut the run back to its step-3 checkpoint and rerun it: the same losses, adapters, optimizer and export."""
-    run_dir, _, _ = run
+    run_dir, _ = run
     again = tmp_path / "run"
     shutil.copytree(run_dir, again, ignore=shutil.ignore_patterns("step_00000006", "export", "hf", "adapter"))
     out = train_run(write_config(tmp_path / "lora.yaml", again, corpus, hf_dir))
@@ -195,14 +195,14 @@ def test_lora_config_mistakes_fail_before_training(corpus, hf_dir, tmp_path):
 
 
 def test_resuming_with_other_adapters_is_refused(run, corpus, hf_dir, tmp_path):
-    run_dir, _, _ = run
+    run_dir, _ = run
     other = load_run_config(write_config(tmp_path / "other.yaml", run_dir, corpus, hf_dir, lora={**LORA, "rank": 8}))
     with pytest.raises(ConfigError, match=r"holds checkpoints .* of another model: lora \{.*'rank': 4"):
         preflight(other, 1)
 
 
 def test_fsdp2_on_two_ranks_trains_the_adapters_of_a_frozen_base(run, corpus, hf_dir, tmp_path):
-    single_dir, _, _ = run
+    single_dir, _ = run
     config = write_config(tmp_path / "lora.yaml", tmp_path / "run", corpus, hf_dir, every=STEPS)
     log = tmp_path / "train.log"
     proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(config),

@@ -6,18 +6,19 @@ from __future__ import annotations
 import json
 import math
 
+import peft
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from longboat.config.base import ConfigError
-from longboat.models import build_model
+from longboat.models import build_model, get_model
 from longboat.models.llm import load_preset
 from longboat.models.llm.hf import load_hf_model
-from longboat.models.lora import LoRAConfig, LoRALinear, apply_lora, is_lora_name, merge_lora, merged_state_dict
+from longboat.models.lora import LoRAConfig, LoRALinear, apply_lora, is_lora_name, merge_lora
 from longboat.models.peft_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from longboat.recipes.lora import save_run_adapter, split_adapters
-from longboat.models import get_model
 
 TOKENS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
 
@@ -121,9 +122,6 @@ def test_adapters_built_on_meta_are_initialised_with_the_model():
 
 
 # ---- PEFT ---------------------------------------------------------------------------------------------------
-
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 HF_BASE = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                intermediate_size=48, max_position_embeddings=64, rms_norm_eps=1e-6)

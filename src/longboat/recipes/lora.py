@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -41,5 +42,5 @@ def save_run_adapter(out: Path, adapters: dict[str, torch.Tensor], merged: dict[
                      cfg: LoRAConfig, spec: ModelSpec, model_cfg, hf_dir: str) -> Path:
     """The adapters in PEFT's layout, for the HF checkpoint ``hf_dir`` the run started from."""
     family = spec.hf.export_family(model_cfg, True, hf_dir)
-    return save_peft_adapter(out, adapters, cfg, hf_dir, lambda name: spec.hf.tensor_name(family, name),
-                             list(merged))
+    return save_peft_adapter(out, adapters, cfg, os.path.abspath(hf_dir),
+                             lambda name: spec.hf.tensor_name(family, name), list(merged))

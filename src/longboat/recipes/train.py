@@ -17,8 +17,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from longboat.checkpoint.export import save_export
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
 from longboat.distributed import shutdown
-from longboat.recipes.artifact import export_metadata
 from longboat.models.lora import apply_lora
+from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
 from longboat.recipes.lora import lora_param_groups, save_run_adapter, split_adapters
 from longboat.recipes.preflight import Preflight, preflight
