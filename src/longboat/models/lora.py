@@ -76,7 +76,8 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
 
     A target that names no linear layer is an error listing the suffixes that do.
     """
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, LoRALinear)}
+    linears = {n: m for n, m in model.named_modules()
+               if n and isinstance(m, nn.Linear) and not isinstance(m, LoRALinear)}
     others = {n: type(m).__name__ for n, m in model.named_modules() if n and n not in linears}
     targets = list(cfg.targets or DEFAULT_TARGETS)
     chosen: set[str] = set()
@@ -87,7 +88,7 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
         chosen.update(found)
     if not chosen:
         raise ConfigError(f"lora.targets: none of the default targets {', '.join(targets)} names an nn.Linear of "
-                          f"{type(model).__name__}; name them (linear layers end in: {_suffixes(linears)})")
+                          f"{type(model).__name__}; set lora.targets (linear layers end in: {_suffixes(linears)})")
     adapted = [n for n in linears if n in chosen]  # in module order, as meta initialisation visits them
     for name in adapted:
         parent, _, attr = name.rpartition(".")
@@ -126,7 +127,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
         plain.weight, plain.bias = module.weight, module.bias
         plain.weight.add_(_delta(module.lora_A, module.lora_B, module.scale, plain.weight))
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, plain)
+        setattr(model.get_submodule(parent), attr, plain)
     return model
 
 
