@@ -170,12 +170,19 @@ def _on_meta(model: nn.Module) -> bool:
 
 
 def materialize(model: nn.Module, device: torch.device) -> None:
-    """Allocate a meta-device model (only this rank's shards once sharded) and initialise it."""
+    """Allocate a meta-device model (only this rank's shards once sharded) and initialise it.
+
+    Modules added to a built model from outside (LoRA adapters), which the model's ``init_weights`` does not
+    know, initialise their own tensors with ``init_adapter_weights()``.
+    """
     if not callable(getattr(model, "init_weights", None)):
         raise ConfigError(f"parallel.meta_init needs {type(model).__name__}.init_weights() to fill the weights")
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights()
+        for module in model.modules():
+            if callable(getattr(module, "init_adapter_weights", None)):
+                module.init_adapter_weights()
 
 
 def _sharded_init_supported(device: torch.device) -> bool:

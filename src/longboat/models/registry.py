@@ -27,6 +27,7 @@ class HFInterop(Protocol):
     def config_fields(self, hf_dir: str | Path) -> dict: ...  # config.json -> fields of the spec's config
     def read_weights(self, hf_dir: str | Path, cfg: Any) -> dict: ...  # our state dict, our names
     def export_family(self, cfg: Any, requested: bool | str, source: str | Path | None) -> str: ...
+    def tensor_name(self, family: str, name: str) -> str | None: ...  # ours -> the family's, None: no counterpart
     def save(self, weights: Any, family: str, out: str | Path, cfg: Any, tokenizer_dir: str | Path | None = None,
              dtype: str | None = None, max_shard_size: int | str = "5GB") -> Path: ...
 

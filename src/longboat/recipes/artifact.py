@@ -2,7 +2,8 @@
 
 ``generate``, ``export`` and ``convert`` (and later ``serve`` and ``eval``) start here. An export is read from
 its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights when it has them
-and the task's assets rebuilt from the task's saved state.
+and the task's assets rebuilt from the task's saved state. A LoRA run's checkpoint is rebuilt with its adapters,
+loaded, and merged: what comes back is always the plain architecture.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from longboat.checkpoint.dcp import COMPLETE_MARKER, CheckpointManager, load_mod
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
 from longboat.models import ModelSpec, get_model
+from longboat.models.lora import LoRAConfig, apply_lora, merge_lora
 from longboat.recipes.config import load_run_dir_config
 from longboat.utils.plugins import load_plugins
 
@@ -31,6 +33,7 @@ class Artifact:
     ema: bool = False
     plugins: tuple[str, ...] = ()
     hf_family: str | None = None  # the HF model_type an export was converted from
+    lora: dict | None = None  # the LoRA settings of adapters merged into the weights
 
     @property
     def spec(self) -> ModelSpec:
@@ -44,9 +47,14 @@ class Artifact:
         return value
 
 
-def export_metadata(task: str | None, plugins: list[str] | tuple[str, ...], ema: bool) -> dict:
-    """What an export records besides the model: its task, the plugins that register it, and EMA weights."""
-    return {"task": task, "plugins": list(plugins), "ema": ema}
+def export_metadata(task: str | None, plugins: list[str] | tuple[str, ...], ema: bool,
+                    lora: LoRAConfig | dict | None = None) -> dict:
+    """What an export records besides the model: its task, the plugins that register it, EMA weights, and the
+    settings of LoRA adapters merged into the weights (``lora_merged``)."""
+    meta = {"task": task, "plugins": list(plugins), "ema": ema}
+    if lora is not None:
+        meta["lora_merged"] = lora.model_dump(mode="json") if isinstance(lora, LoRAConfig) else dict(lora)
+    return meta
 
 
 def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact:
@@ -80,15 +88,21 @@ def _open_export(path: Path) -> Artifact:
     load_export_weights(path, model)
     assets = {name: path / name for name in meta["assets"]}
     return Artifact(meta["arch"], cfg, model.eval(), meta.get("task"), assets, path, bool(meta.get("ema")),
-                    plugins, meta.get("hf_family"))
+                    plugins, meta.get("hf_family"), meta.get("lora_merged"))
 
 
 def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:
     resolved = load_run_dir_config(run_dir)
+    lora = resolved.cfg.lora
     model = resolved.spec.build(resolved.model)
+    if lora is not None:
+        apply_lora(model, lora)
     ema = load_model_weights(checkpoint, model, ema=True)
+    if lora is not None:
+        merge_lora(model)
     state = load_task_state(checkpoint)
     if state is not None:
         resolved.task.load_state_dict(state)
     return Artifact(resolved.arch, resolved.model, model.eval(), resolved.cfg.task, resolved.task.export_assets(),
-                    checkpoint, ema, tuple(resolved.cfg.plugins))
+                    checkpoint, ema, tuple(resolved.cfg.plugins),
+                    lora=lora.model_dump(mode="json") if lora is not None else None)

@@ -16,6 +16,7 @@ from pydantic import Field
 from longboat.config.base import ConfigError, StrictModel, apply_overrides, dump_yaml, load_yaml, validate
 from longboat.distributed.config import ParallelConfig
 from longboat.models import ModelSpec, get_model, hf_spec
+from longboat.models.lora import LoRAConfig
 from longboat.tasks import Task, get_task
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.utils.plugins import load_plugins
@@ -32,6 +33,7 @@ class RunConfig(StrictModel):
     train: TrainerConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     parallel: ParallelConfig = ParallelConfig()
+    lora: LoRAConfig | None = Field(default=None, description="train low-rank adapters on a frozen model")
 
 
 @dataclass

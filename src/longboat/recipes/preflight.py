@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
 
 from longboat.checkpoint.dcp import CheckpointManager
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
 from longboat.models import get_model
+from longboat.models.lora import apply_lora
 from longboat.recipes.config import ResolvedRun
 from longboat.utils.device import resolve_device
 
@@ -28,10 +30,19 @@ class Preflight:
 
 
 def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
-    """Device, mesh arithmetic, tensor-parallel fit, HF export family, data against the model, resume."""
+    """Device, mesh arithmetic, LoRA targets, tensor-parallel fit, HF export family, data against the model,
+    resume."""
     cfg = resolved.cfg
     resolve_device(cfg.train.device)
     dims = resolve_dims(cfg.parallel, world_size)
+    if cfg.lora is not None and dims.tp > 1:
+        # Tensor-parallel styles shard a linear layer's weight, not its adapters, whose A and B would need
+        # their own placements (replicated A under a column split, B under a row split).
+        raise ConfigError(f"lora: LoRA does not combine with tensor parallelism (parallel.tp={dims.tp}); "
+                          "use parallel.tp=1 with FSDP or DDP, which shard or replicate the adapters correctly")
+    if cfg.lora is not None:
+        with torch.device("meta"):  # the targets checked against the model's layers, at no memory cost
+            apply_lora(resolved.spec.build(resolved.model), cfg.lora)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
     family = hf_export_family(resolved) if cfg.checkpoint.export_hf else None
     resolved.task.check(resolved.model)
@@ -50,8 +61,8 @@ def hf_export_family(resolved: ResolvedRun) -> str:
 def check_resume(resolved: ResolvedRun) -> Path | None:
     """The checkpoint a rerun resumes from, after checking that it holds this model for this task.
 
-    Another parallel layout is not a conflict (checkpoints reshard); another model shape or task is, and the
-    error names every field that differs, leaving the run directory untouched.
+    Another parallel layout is not a conflict (checkpoints reshard); another model shape, task or set of LoRA
+    adapters is, and the error names every field that differs, leaving the run directory untouched.
     """
     run_dir = Path(resolved.cfg.run_dir)
     latest = CheckpointManager(run_dir / "checkpoints").latest()
@@ -63,6 +74,7 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
         saved_model = dict(saved["model"])
         saved_arch = saved_model.pop("arch")
         saved_task = saved.get("task", "pretrain")
+        saved_lora = saved.get("lora")
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{saved_path}: unreadable ({e}); it describes the checkpoints in {run_dir}") from None
     differences = []
@@ -75,6 +87,9 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
         ours = resolved.model.model_dump()
         differences += [f"model.{k} {theirs.get(k)!r} there, {ours.get(k)!r} here"
                         for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+    ours_lora = resolved.cfg.lora.model_dump(mode="json") if resolved.cfg.lora is not None else None
+    if saved_lora != ours_lora:
+        differences.append(f"lora {saved_lora!r} there, {ours_lora!r} here")
     if differences:
         raise ConfigError(
             f"run_dir {run_dir} holds checkpoints ({latest.name}) of another model: " + "; ".join(differences)

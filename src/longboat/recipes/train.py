@@ -17,8 +17,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from longboat.checkpoint.export import save_export
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
 from longboat.distributed import shutdown
+from longboat.models.lora import apply_lora
 from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
+from longboat.recipes.lora import lora_param_groups, save_run_adapter, split_adapters
 from longboat.recipes.preflight import Preflight, preflight
 from longboat.trainer.optim import freeze_outside
 from longboat.trainer.trainer import DataParallel, FitResult, Trainer
@@ -73,16 +75,21 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
             model = spec.build(resolved.model)
     else:
         model = spec.build(resolved.model).to(runtime.device)
+    if cfg.lora is not None:
+        apply_lora(model, cfg.lora)  # before freezing and parallelism, which see the adapters as parameters
     n_params = sum(p.numel() for p in model.parameters())
     groups = task.param_groups(model)
+    if cfg.lora is not None:
+        groups = lora_param_groups(model, groups)
     n_frozen = freeze_outside(model, groups)
     model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units)
     if "hf" in cfg.model:
         _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""
-    frozen = f" ({n_frozen / 1e6:.1f}M frozen)" if n_frozen else ""
+    frozen = f" ({_count(n_params - n_frozen)} trainable, {_count(n_frozen)} frozen)" if n_frozen else ""
+    lora = f" · LoRA rank {cfg.lora.rank}" if cfg.lora is not None else ""
     console.print(
-        f"[bold]{cfg.task}[/] · {resolved.arch} {n_params / 1e6:.1f}M parameters{frozen} · device {runtime.device}"
+        f"[bold]{cfg.task}[/] · {resolved.arch} {_count(n_params)} parameters{frozen}{lora} · device {runtime.device}"
         + layout + " · " + " · ".join(f"{k} {v}" for k, v in data.summary.items())
     )
     trainer = Trainer(
@@ -97,13 +104,23 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     return result
 
 
+def _count(n: int) -> str:
+    """A parameter count to three or so significant figures: 1.2B, 12.3M, 4.1K."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
 def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun, runtime: Runtime) -> None:
     """Start from an HF checkpoint's weights (a resumed run's checkpoint overrides them later).
 
-    Rank 0 reads the files; under FSDP/TP each rank receives only its own shards by broadcast.
+    Rank 0 reads the files; under FSDP/TP each rank receives only its own shards by broadcast. The reader checks
+    that every base tensor is there; LoRA adapters, which the checkpoint does not hold, keep their initial values.
     """
     state = resolved.spec.hf.read_weights(hf_dir, resolved.model) if runtime.rank == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=runtime.distributed)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=runtime.distributed,
+                               strict=resolved.cfg.lora is None)
     set_model_state_dict(model, state, options=options)
     console.print(f"weights from {hf_dir}")
 
@@ -112,17 +129,23 @@ def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_
     """Write the safetensors export from rank 0; in a distributed run every rank takes part in the gather."""
     cfg = resolved.cfg
     weights: torch.nn.Module | dict = model
-    if runtime.distributed or cfg.checkpoint.export_hf:
+    if runtime.distributed or cfg.checkpoint.export_hf or cfg.lora is not None:
         # Gathered tensor by tensor and moved to CPU on rank 0 only: no rank holds a second full copy on device,
         # and the other ranks get an empty dict.
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if runtime.rank != 0:
         return
+    if cfg.lora is not None:  # exports hold the plain architecture: the adapters folded into the weights
+        weights, adapters = split_adapters(weights, cfg.lora)
+        if "hf" in cfg.model:
+            out = save_run_adapter(Path(cfg.run_dir) / "adapter", adapters, weights, cfg.lora, resolved.spec,
+                                   resolved.model, cfg.model["hf"])
+            console.print(f"saved the LoRA adapter (PEFT) to {out}")
     assets = resolved.task.export_assets()
     if cfg.checkpoint.export:
         out = save_export(
             export_dir(cfg.run_dir), weights, resolved.arch, resolved.model.model_dump(mode="json"), assets,
-            extra=export_metadata(cfg.task, cfg.plugins, ema),
+            extra=export_metadata(cfg.task, cfg.plugins, ema, cfg.lora),
         )
         console.print(f"exported to {out}")
     if cfg.checkpoint.export_hf:

@@ -3,8 +3,8 @@
 A command fills a hidden sibling of its target and renames it into place, so a crash leaves the old target
 or the new one, never half of either. An existing target is replaced only when the caller allows it, and
 never when it is, holds or lies inside what the command reads, a run directory or a checkpoint: deleting
-those loses training. A run's own export directories (``<run>/export``, ``<run>/hf``) are the exception,
-since training rewrites them at the end of every run.
+those loses training. A run's own export directories (``<run>/export``, ``<run>/hf``, ``<run>/adapter``) are the
+exception, since training rewrites them at the end of every run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from longboat.errors import LongboatError
 RUN_CONFIG = "config.yaml"
 RUN_CHECKPOINTS = "checkpoints"
 CHECKPOINT_MARKER = "COMPLETE"  # checkpoint.dcp.COMPLETE_MARKER; utils sits below checkpoint and cannot import it
-RUN_EXPORTS = ("export", "hf")
+RUN_EXPORTS = ("export", "hf", "adapter")
 
 
 class OutputError(LongboatError):
@@ -37,7 +37,8 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def is_run_export(path: Path) -> bool:
-    """``<run>/export`` or ``<run>/hf``: the directories training itself writes (the run may have no checkpoints)."""
+    """``<run>/export``, ``<run>/hf`` or ``<run>/adapter``: the directories training itself writes (the run may
+    have no checkpoints)."""
     return path.name in RUN_EXPORTS and (path.parent / RUN_CONFIG).is_file()
 
 

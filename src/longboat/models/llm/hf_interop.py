@@ -44,6 +44,12 @@ class DecoderHF:
         get_hf_adapter(family).config_to_hf(cfg)  # raises, naming the option, when the family cannot hold cfg
         return family
 
+    def tensor_name(self, family: str, name: str) -> str | None:
+        """Our tensor name in ``family``'s checkpoints (e.g. for adapters of that module), None if it has none."""
+        from longboat.models.llm.hf import get_hf_adapter
+
+        return get_hf_adapter(family).names.to_hf(name)
+
     def save(self, weights: Any, family: str, out: str | Path, cfg: DecoderConfig,
              tokenizer_dir: str | Path | None = None, dtype: str | None = None,
              max_shard_size: int | str = "5GB") -> Path:
