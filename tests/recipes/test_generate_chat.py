@@ -55,6 +55,7 @@ def test_stop_ids_come_from_eos_generation_config_and_the_template(chat_hf_dir, 
         load_for_inference(copy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("system", [None, SYSTEM])
 def test_generate_chat_equals_transformers(chat_hf_dir, chat_export, capsys, system):
     question = QA[0][0]

@@ -100,6 +100,16 @@ def _chat(args: argparse.Namespace) -> int:
     return run_chat(session, sys.stdin, sys.stdout, sys.stderr)
 
 
+def _eval_lm(args: argparse.Namespace) -> int:
+    from longboat.config.base import validate
+    from longboat.recipes.eval_lm import EvalLMConfig, run_eval_lm
+
+    fields = ("data", "kind", "batch_size", "limit", "max_new_tokens", "chat", "normalize", "delimiter", "output")
+    cfg = validate(EvalLMConfig, {k: getattr(args, k) for k in fields}, "eval-lm")
+    run_eval_lm(args.model, cfg)
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from longboat.recipes.export import export_run
 
@@ -187,6 +197,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message")
     _add_sampling(p, max_new_tokens=512)
     p.set_defaults(func=_chat)
+
+    p = sub.add_parser("eval-lm", help="score a language model on an exact-match or multiple-choice JSONL file")
+    p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
+    p.add_argument("--data", required=True, metavar="FILE.jsonl",
+                   help='rows {"prompt" | "messages", "answer"} (exact match) or {"context" | "prompt", "choices", '
+                        '"label"} (multiple choice)')
+    p.add_argument("--kind", choices=["auto", "exact_match", "multiple_choice"], default="auto",
+                   help="task kind (auto: from the first row's keys)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--limit", type=int, default=None, help="score only the first N rows")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="exact match: longest answer generated")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="render prompts with the chat template (default: for exact match when the model has one)")
+    p.add_argument("--normalize", choices=["strip", "squad"], default="strip",
+                   help="exact match: compare stripped text, or also lower-cased without punctuation and articles")
+    p.add_argument("--delimiter", default=" ", help="multiple choice: text between the context and each choice "
+                                                     "(empty with --chat)")
+    p.add_argument("--output", default=None, metavar="results.json", help="write metrics and per-item predictions")
+    p.set_defaults(func=_eval_lm)
 
     p = sub.add_parser("export", help="write a safetensors export from a run directory or a checkpoint")
     p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")
