@@ -57,7 +57,7 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
     ``prefer_checkpoint``), a checkpoint dir or a Hugging Face checkpoint dir."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: no such export, run directory or checkpoint")
+        raise ConfigError(f"{path}: no such export, run directory, checkpoint or Hugging Face directory")
     if (path / EXPORT_CONFIG).is_file():
         return _open_export(path)
     run_export = path / "export" / EXPORT_CONFIG

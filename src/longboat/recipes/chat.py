@@ -39,7 +39,7 @@ class ChatSession:
 
     def __init__(self, loaded: LoadedModel, system: str | None = None, max_new_tokens: int = 512,
                  temperature: float = 0.8, top_k: int | None = None, top_p: float | None = None, seed: int = 0):
-        loaded.render_chat([{"role": "user", "content": ""}])  # no chat template: fail before the first turn
+        loaded.require_chat_template()  # fail before the first turn
         self.loaded = loaded
         self.system = system
         self.turns: list[dict[str, str]] = []
@@ -51,8 +51,10 @@ class ChatSession:
         self.cache = model.make_cache(1, self.max_len)
         self.cached: list[int] = []  # the token ids whose keys and values the cache holds, in order
 
-    def messages(self) -> list[dict[str, str]]:
-        return ([{"role": "system", "content": self.system}] if self.system is not None else []) + self.turns
+    def messages(self, turns: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+        """The conversation as the template renders it: the system message, then ``turns`` (default: the turns)."""
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return system + (self.turns if turns is None else turns)
 
     def reset(self) -> None:
         """Forget the turns (the system message stays) and empty the cache."""
@@ -65,8 +67,7 @@ class ChatSession:
         """Add a user turn, generate the assistant's reply (passing its text to ``on_text`` as it decodes)."""
         start = time.perf_counter()
         turns = [*self.turns, {"role": "user", "content": text}]
-        system = [{"role": "system", "content": self.system}] if self.system is not None else []
-        ids = self.loaded.render_chat(system + turns)
+        ids = self.loaded.render_chat(self.messages(turns))
         if len(ids) >= self.max_len:
             raise ContextFull(f"the conversation needs {len(ids)} tokens and the model holds {self.max_len}; "
                               f"/reset to start over")

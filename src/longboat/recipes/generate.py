@@ -36,13 +36,16 @@ class LoadedModel:
     end_of_turn_id: int | None = None
     generation_config: dict = field(default_factory=dict)
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Token ids of ``messages`` rendered with the chat template, ending with the assistant's generation prompt."""
+    def require_chat_template(self) -> ChatTemplate:
         if self.chat_template is None:
             raise ConfigError(f"{self.source}: the model's tokenizer has no chat template, so it cannot chat; "
                               f"use a plain prompt")
+        return self.chat_template
+
+    def render_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, ending with the assistant's generation prompt."""
         # The template writes the special tokens (a BOS among them) itself.
-        return self.tokenizer.encode(self.chat_template.render(messages, add_generation_prompt=True))
+        return self.tokenizer.encode(self.require_chat_template().render(messages, add_generation_prompt=True))
 
 
 def load_for_inference(path: str | Path) -> LoadedModel:
