@@ -115,7 +115,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def run_chat(session: ChatSession, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    """Read user turns from ``stdin`` until /exit or its end, streaming replies to ``stdout``; notes go to ``stderr``."""
+    """Read user turns from ``stdin`` until /exit or its end; replies stream to ``stdout``, notes to ``stderr``."""
     interactive = stdin.isatty()
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())

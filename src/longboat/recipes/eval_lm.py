@@ -164,7 +164,8 @@ def choice_requests(loaded: LoadedModel, row: Row, chat: bool, delimiter: str) -
 
 
 @torch.inference_mode()
-def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int, advance=lambda items, tokens: None) -> list[float]:
+def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
+                  advance=lambda items, tokens: None) -> list[float]:
     """The summed log-probability of each request's continuation, in request order; right-padded batches."""
     device = next(model.parameters()).device
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
@@ -218,7 +219,7 @@ def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
         raise ConfigError(f"{cfg.data}: rows with 'messages' need the chat template; drop --no-chat")
     max_len = loaded.model.cfg.max_seq_len
     start = time.perf_counter()
-    with _Progress(f"{kind}") as progress:
+    with _Progress(kind) as progress:
         if kind == "exact_match":
             prompts = [prompt_ids(loaded, r, chat) for r in rows]
             _check_fits(cfg.data, rows, [len(p) + 1 for p in prompts], max_len)
