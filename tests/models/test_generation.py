@@ -142,3 +142,28 @@ def test_negative_max_new_tokens_is_refused():
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(CountingModel(), torch.tensor([[1]]), max_new_tokens=-1)
     assert generate(CountingModel(), torch.tensor([[1]]), max_new_tokens=0).tolist() == [[1]]
+
+
+def test_any_stop_id_ends_a_row_and_eos_still_works():
+    prompt = torch.tensor([[5], [1], [0]])
+    out = generate(CountingModel(), prompt, max_new_tokens=20, temperature=0, stop_ids={3, 7})
+    # Row 0 stops at 7, rows 1 and 2 at 3; a finished row repeats its stop token until the last row finishes.
+    assert out.tolist() == [[5, 6, 7, 7], [1, 2, 3, 3], [0, 1, 2, 3]]
+    both = generate(CountingModel(), prompt, max_new_tokens=20, temperature=0, eos_id=8, stop_ids=[2])
+    assert both.tolist() == [[5, 6, 7, 8], [1, 2, 2, 2], [0, 1, 2, 2]]
+
+
+def test_rewound_cache_recomputes_exactly():
+    model = random_model()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(4))
+    edited = ids.clone()
+    edited[0, 8:] = (edited[0, 8:] + 1) % 128
+    cache = model.make_cache(1, 16)
+    with torch.no_grad():
+        model(ids, None, cache)
+        cache.rewind(8)  # keep the common prefix, recompute the rest
+        tail = model(edited[:, 8:], torch.arange(8, 12)[None], cache)
+        assert cache.length == 12
+        assert torch.allclose(tail, model(edited)[:, 8:], atol=1e-5)
+    with pytest.raises(ValueError, match="cannot rewind a cache of 12 positions to 13"):
+        cache.rewind(13)

@@ -94,3 +94,23 @@ def test_fine_tune_then_export_loads_in_transformers(smollm2, tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
         assert (back(tokens).logits - ours(tokens)).abs().max().item() <= 1e-4
+
+
+def test_generate_chat_stops_at_end_of_turn(smollm2, capsys):
+    from longboat.cli.main import main
+    from longboat.recipes.generate import load_for_inference
+
+    hf_dir, hf, tok = smollm2
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    assert load_for_inference(hf_dir).end_of_turn_id == end_of_turn  # found by rendering, not by name
+    question = "What is the capital of France?"
+    assert main(["generate", str(hf_dir), "--chat", "--prompt", question, "--temperature", "0",
+                 "--max-new-tokens", "48"]) == 0
+    reply = capsys.readouterr().out
+    messages = [{"role": "user", "content": question}]
+    prompt = torch.tensor([list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False))])
+    theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=48, do_sample=False,
+                         eos_token_id=end_of_turn)[0, prompt.shape[1]:].tolist()
+    assert theirs[-1] == end_of_turn and len(theirs) < 48  # the model ends its turn well within the budget
+    assert reply == tok.decode(theirs[:-1]) + "\n" and "Paris" in reply

@@ -62,16 +62,51 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from longboat.recipes.generate import check_sampling, generate_text, load_for_inference
+    from longboat.config.base import ConfigError
+    from longboat.recipes.generate import (
+        check_sampling, generate_chat, generate_text, load_for_inference, parse_messages,
+    )
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples)
+    if args.messages is not None and (args.prompt or args.system is not None):
+        raise ConfigError("--messages holds the whole conversation; drop --prompt and --system")
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system needs --chat")
+    messages = parse_messages(args.messages) if args.messages is not None else None
+    if args.chat and messages is None:
+        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+        messages.append({"role": "user", "content": args.prompt})
     loaded = load_for_inference(args.model)
     for i in range(args.num_samples):
-        text, rate = generate_text(
-            loaded, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i
-        )
-        print(args.prompt + text)
+        sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i)
+        if messages is not None:
+            text, rate = generate_chat(loaded, messages, *sampling)
+            print(text)
+        else:
+            text, rate = generate_text(loaded, args.prompt, *sampling)
+            print(args.prompt + text)
         print(f"[{rate:.0f} tokens/s from {loaded.source}]", file=sys.stderr)
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from longboat.recipes.chat import ChatSession, run_chat
+    from longboat.recipes.generate import check_sampling, load_for_inference
+
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    loaded = load_for_inference(args.model)
+    session = ChatSession(loaded, args.system, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                          args.seed)
+    return run_chat(session, sys.stdin, sys.stdout, sys.stderr)
+
+
+def _eval_lm(args: argparse.Namespace) -> int:
+    from longboat.config.base import validate
+    from longboat.recipes.eval_lm import EvalLMConfig, run_eval_lm
+
+    fields = ("data", "kind", "batch_size", "limit", "max_new_tokens", "chat", "normalize", "delimiter", "output")
+    cfg = validate(EvalLMConfig, {k: getattr(args, k) for k in fields}, "eval-lm")
+    run_eval_lm(args.model, cfg)
     return 0
 
 
@@ -118,6 +153,14 @@ def _add_overwrite(parser: argparse.ArgumentParser) -> None:
                              "directory or a checkpoint)")
 
 
+def _add_sampling(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="at least 1")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding, else positive")
+    parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (k >= 1)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1]")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from longboat.cli import data
 
@@ -134,16 +177,45 @@ def build_parser() -> argparse.ArgumentParser:
                    help="validate config, data, mesh and resume compatibility, then exit without training")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("generate", help="sample text from an export, a run directory or a checkpoint")
-    p.add_argument("model", help="export dir, run dir, or run_dir/checkpoints/step_N")
+    p = sub.add_parser("generate", help="sample text from an export, a run directory, a checkpoint or an HF directory")
+    p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
     p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="at least 1")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding, else positive")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (k >= 1)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1]")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat", action="store_true",
+                   help="send --prompt as a user turn through the model's chat template; print the reply only")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--messages", default=None, metavar="FILE_OR_JSON",
+                   help='the conversation as a JSON list ([{"role": "user", "content": "..."}]) or a file holding '
+                        'it; implies --chat')
+    _add_sampling(p, max_new_tokens=128)
     p.add_argument("--num-samples", type=int, default=1, help="at least 1")
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("chat", help="talk with a model in the terminal (or through piped stdin)",
+                       description="Talk with a model. Commands: /reset (start over), /system TEXT (replace the "
+                                   "system message), /exit (or Ctrl-D, Ctrl-C).")
+    p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
+    p.add_argument("--system", default=None, help="system message")
+    _add_sampling(p, max_new_tokens=512)
+    p.set_defaults(func=_chat)
+
+    p = sub.add_parser("eval-lm", help="score a language model on an exact-match or multiple-choice JSONL file")
+    p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
+    p.add_argument("--data", required=True, metavar="FILE.jsonl",
+                   help='rows {"prompt" | "messages", "answer"} (exact match) or {"context" | "prompt", "choices", '
+                        '"label"} (multiple choice)')
+    p.add_argument("--kind", choices=["auto", "exact_match", "multiple_choice"], default="auto",
+                   help="task kind (auto: from the first row's keys)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--limit", type=int, default=None, help="score only the first N rows")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="exact match: longest answer generated")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="render prompts with the chat template (default: for exact match when the model has one)")
+    p.add_argument("--normalize", choices=["strip", "squad"], default="strip",
+                   help="exact match: compare stripped text, or also lower-cased without punctuation and articles")
+    p.add_argument("--delimiter", default=" ", help="multiple choice: text between the context and each choice "
+                                                     "(empty with --chat)")
+    p.add_argument("--output", default=None, metavar="results.json", help="write metrics and per-item predictions")
+    p.set_defaults(func=_eval_lm)
 
     p = sub.add_parser("export", help="write a safetensors export from a run directory or a checkpoint")
     p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")

@@ -1,9 +1,10 @@
 """``open_artifact``: the one way back from an export, a run directory or a checkpoint to a model.
 
-``generate``, ``export`` and ``convert`` (and later ``serve`` and ``eval``) start here. An export is read from
-its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights when it has them
-and the task's assets rebuilt from the task's saved state. A LoRA run's checkpoint is rebuilt with its adapters,
-loaded, and merged: what comes back is always the plain architecture.
+``generate``, ``chat``, ``eval-lm``, ``export`` and ``convert`` (and later ``serve`` and ``eval``) start here. An
+export is read from its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights
+when it has them and the task's assets rebuilt from the task's saved state; a Hugging Face directory through the
+spec that reads its ``model_type``, with its tokenizer and generation config as assets. A LoRA run's checkpoint is
+rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from torch import nn
 from longboat.checkpoint.dcp import COMPLETE_MARKER, CheckpointManager, load_model_weights, load_task_state
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
-from longboat.models import ModelSpec, get_model
+from longboat.models import ModelSpec, get_model, hf_spec
 from longboat.models.lora import LoRAConfig, apply_lora, merge_lora
 from longboat.recipes.config import load_run_dir_config
 from longboat.utils.plugins import load_plugins
+
+HF_CONFIG = "config.json"
 
 
 @dataclass
@@ -59,10 +62,10 @@ def export_metadata(task: str | None, plugins: list[str] | tuple[str, ...], ema:
 
 def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact:
     """Accept an export dir, a run dir (its export, else its newest checkpoint; the checkpoint first with
-    ``prefer_checkpoint``) or a checkpoint dir."""
+    ``prefer_checkpoint``), a checkpoint dir or a Hugging Face checkpoint dir."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: no such export, run directory or checkpoint")
+        raise ConfigError(f"{path}: no such export, run directory, checkpoint or Hugging Face directory")
     if (path / EXPORT_CONFIG).is_file():
         return _open_export(path)
     run_export = path / "export" / EXPORT_CONFIG
@@ -75,7 +78,10 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
         if checkpoint is None:
             raise ConfigError(f"{path}: run directory has neither an export nor a complete checkpoint")
         return _open_checkpoint(path, checkpoint)
-    raise ConfigError(f"{path}: expected an export ({EXPORT_CONFIG}), a run directory or a checkpoint")
+    if (path / HF_CONFIG).is_file():
+        return _open_hf(path)
+    raise ConfigError(f"{path}: expected an export ({EXPORT_CONFIG}), a run directory, a checkpoint or a Hugging "
+                      f"Face checkpoint ({HF_CONFIG})")
 
 
 def _open_export(path: Path) -> Artifact:
@@ -89,6 +95,12 @@ def _open_export(path: Path) -> Artifact:
     assets = {name: path / name for name in meta["assets"]}
     return Artifact(meta["arch"], cfg, model.eval(), meta.get("task"), assets, path, bool(meta.get("ema")),
                     plugins, meta.get("hf_family"), meta.get("lora_merged"))
+
+
+def _open_hf(path: Path) -> Artifact:
+    spec = hf_spec(path)  # names the file when config.json's model_type is not one longboat reads
+    model, cfg, family, assets = spec.hf.load(path)
+    return Artifact(spec.name, cfg, model.eval(), None, dict(assets), path, hf_family=family)
 
 
 def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:

@@ -1,18 +1,29 @@
-"""``longboat generate``: sample text from an export, a run directory or one of its checkpoints."""
+"""``longboat generate``: sample text from an export, a run directory, one of its checkpoints or an HF directory.
+
+Generation stops at any of the model's stop ids: the tokenizer's eos, the ``eos_token_id`` of a
+``generation_config.json`` shipped with the model, and the end-of-turn token of its chat template.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
 from longboat.config.base import ConfigError
+from longboat.data.chat import ChatTemplate
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
+
+GENERATION_CONFIG = "generation_config.json"
+# Written as an assistant turn to find what the template puts after a reply; no template writes it itself.
+_PROBE = "longboat-end-of-turn-probe"
 
 
 @dataclass
@@ -20,12 +31,85 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: Tokenizer
     source: Path
+    stop_ids: frozenset[int] = frozenset()
+    chat_template: ChatTemplate | None = None
+    end_of_turn_id: int | None = None
+    generation_config: dict = field(default_factory=dict)
+
+    def require_chat_template(self) -> ChatTemplate:
+        if self.chat_template is None:
+            raise ConfigError(f"{self.source}: the model's tokenizer has no chat template, so it cannot chat; "
+                              f"use a plain prompt")
+        return self.chat_template
+
+    def render_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, ending with the assistant's generation prompt."""
+        # The template writes the special tokens (a BOS among them) itself.
+        return self.tokenizer.encode(self.require_chat_template().render(messages, add_generation_prompt=True))
 
 
 def load_for_inference(path: str | Path) -> LoadedModel:
-    """A language model and its tokenizer from an export, a run directory or a checkpoint."""
+    """A language model, its tokenizer, chat template and stop ids from an export, a run, a checkpoint or an HF dir."""
     artifact = open_artifact(path)
-    return LoadedModel(artifact.model, Tokenizer(artifact.asset_file(TOKENIZER_FILE).parent), artifact.source)
+    tok = Tokenizer(artifact.asset_file(TOKENIZER_FILE).parent)
+    gen_file = artifact.assets.get(GENERATION_CONFIG)
+    gen_config = read_generation_config(gen_file) if isinstance(gen_file, Path) else {}
+    template = ChatTemplate.from_tokenizer(tok) if tok.chat_template else None
+    end_of_turn = end_of_turn_token(template, tok) if template is not None else None
+    eos = gen_config.get("eos_token_id")
+    stops = {tok.eos_id, end_of_turn, *(eos if isinstance(eos, list) else [eos])} - {None}
+    return LoadedModel(artifact.model, tok, artifact.source, frozenset(stops), template, end_of_turn, gen_config)
+
+
+def read_generation_config(path: Path) -> dict:
+    """``generation_config.json``, its ``eos_token_id`` checked to be an id or a list of ids."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    eos = data.get("eos_token_id")
+    if not all(i is None or (type(i) is int and i >= 0) for i in (eos if isinstance(eos, list) else [eos])):
+        raise ConfigError(f"{path}: eos_token_id must be a token id or a list of ids, got {eos!r}")
+    return data
+
+
+def end_of_turn_token(template: ChatTemplate, tok: Tokenizer) -> int | None:
+    """The special token the template writes right after an assistant's reply (``<|im_end|>``, ``<|eot_id|>``...).
+
+    Found by rendering a short exchange, not from a list of known names; None when no special token follows.
+    """
+    text = template.render([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": _PROBE}])
+    at = text.rfind(_PROBE)
+    if at < 0:
+        return None
+    rest = text[at + len(_PROBE):].lstrip()
+    special = {t.content: i for i, t in tok.backend.get_added_tokens_decoder().items() if t.special}
+    token = max((t for t in special if rest.startswith(t)), key=len, default=None)
+    return special[token] if token is not None else None
+
+
+def check_messages(value: Any, where: str) -> list[dict[str, Any]]:
+    """``value`` as a conversation: a non-empty list of objects with a string ``role`` and ``content``."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: expected a non-empty JSON list of messages, got {type(value).__name__}")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ConfigError(f"{where}: message {i} must be an object with string 'role' and 'content', got {m!r}")
+    return value
+
+
+def parse_messages(arg: str) -> list[dict[str, Any]]:
+    """``--messages``: a JSON file, or the JSON text itself."""
+    path = Path(arg)
+    is_file = len(arg) < 4096 and not arg.lstrip().startswith("[") and path.is_file()
+    where = str(path) if is_file else "--messages"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8") if is_file else arg)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{where}: expected a JSON list of messages or a file holding one ({e})") from None
+    return check_messages(value, where)
 
 
 def check_sampling(
@@ -58,11 +142,37 @@ def generate_text(
     seed: int = 0,
 ) -> tuple[str, float]:
     """The completion of ``prompt`` and the decode rate in tokens/s."""
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
     tok = loaded.tokenizer
     ids = tok.encode(prompt) if prompt else []
     if not ids:
         ids = [tok.bos_id if tok.bos_id is not None else tok.eos_id]
+    return complete(loaded, ids, max_new_tokens, temperature, top_k, top_p, seed)
+
+
+def generate_chat(
+    loaded: LoadedModel,
+    messages: Sequence[dict[str, Any]],
+    max_new_tokens: int = 128,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+) -> tuple[str, float]:
+    """The assistant's reply to ``messages`` (rendered with the model's chat template) and the decode rate."""
+    return complete(loaded, loaded.render_chat(messages), max_new_tokens, temperature, top_k, top_p, seed)
+
+
+def complete(
+    loaded: LoadedModel,
+    ids: list[int],
+    max_new_tokens: int = 128,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+) -> tuple[str, float]:
+    """The text that follows token ids ``ids``, up to the first stop id, and the decode rate in tokens/s."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     max_len = loaded.model.cfg.max_seq_len
     if len(ids) + max_new_tokens > max_len:
         raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
@@ -71,9 +181,12 @@ def generate_text(
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     out = generate(loaded.model, prompt_t, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   eos_id=tok.eos_id, generator=gen)
+                   stop_ids=loaded.stop_ids, generator=gen)
     elapsed = time.perf_counter() - start
-    new = out[0, len(ids):].tolist()
-    if tok.eos_id in new:
-        new = new[: new.index(tok.eos_id)]
-    return tok.decode(new), len(new) / max(elapsed, 1e-9)
+    new = until_stop(out[0, len(ids):].tolist(), loaded.stop_ids)
+    return loaded.tokenizer.decode(new), len(new) / max(elapsed, 1e-9)
+
+
+def until_stop(ids: list[int], stop_ids: frozenset[int]) -> list[int]:
+    """``ids`` up to (without) the first stop id."""
+    return next((ids[:i] for i, t in enumerate(ids) if t in stop_ids), ids)

@@ -37,6 +37,12 @@ class StaticCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def rewind(self, length: int) -> None:
+        """Forget every position from ``length`` on; the next update writes there (a conversation edited)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} positions to {length}")
+        self.length = length
+
 
 class KVCache(StaticCache):
     """Keys and values [n_layers, B, n_kv_heads, max_len, head_dim] for grouped-query attention."""

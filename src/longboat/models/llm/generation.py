@@ -6,6 +6,8 @@ Works with any model that has ``model(tokens, positions, cache) -> logits [B, T,
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 
@@ -53,17 +55,20 @@ def generate(
     top_p: float | None = None,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
+    stop_ids: Iterable[int] = (),
 ) -> torch.Tensor:
     """Continue prompt [B, T] by up to ``max_new_tokens``; returns prompt + new tokens [B, T + n].
 
-    All prompts share one length (no padding). Decoding stops early once every row has produced
-    ``eos_id``; rows that finished earlier are filled with ``eos_id``.
+    All prompts share one length (no padding). A row finishes at its first token among ``eos_id`` and
+    ``stop_ids`` and repeats that token from then on; decoding ends early once every row has finished.
     """
     B, T = prompt.shape
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return prompt
+    stops = sorted({*stop_ids, *([] if eos_id is None else [eos_id])})
+    stop_t = torch.tensor(stops, dtype=torch.long, device=prompt.device)
     cache = model.make_cache(B, T + max_new_tokens)
     positions = torch.arange(T, device=prompt.device).expand(B, T)
     logits = model(prompt, positions, cache)[:, -1]
@@ -71,11 +76,11 @@ def generate(
     done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     for step in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)
-        if eos_id is not None:
-            token = token.masked_fill(done, eos_id)
-            done |= token == eos_id
+        if stops:
+            token = torch.where(done, out[-1][:, -1], token)
+            done |= torch.isin(token, stop_t)
         out.append(token[:, None])
-        if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
+        if step == max_new_tokens - 1 or (stops and bool(done.all())):
             break
         positions = torch.full((B, 1), T + step, device=prompt.device)
         logits = model(token[:, None], positions, cache)[:, -1]

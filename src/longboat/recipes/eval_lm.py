@@ -1,0 +1,318 @@
+"""``longboat eval-lm``: accuracy of a language model on an exact-match or a multiple-choice JSONL file.
+
+Exact match: rows ``{"prompt": str | "messages": [...], "answer": str | [str, ...]}``; the model answers by
+greedy decoding up to a stop id, and a row is correct when its answer equals one of the given ones after
+normalisation (``strip``: surrounding whitespace; ``squad``: also lower case, punctuation, articles and runs of
+whitespace, as SQuAD's evaluation does).
+
+Multiple choice: rows ``{"context" | "prompt": str, "choices": [str, ...], "label": int}``, scored by
+log-likelihood as lm-evaluation-harness scores them: each choice is the continuation ``delimiter + choice`` of
+the context (whitespace ending the context moves into the continuation), ``acc`` picks the highest sum of
+continuation log-probabilities, ``acc_norm`` the highest sum divided by the choice's length in UTF-8 bytes.
+
+Batches are exact: choices are right-padded (causal attention never looks at the padding), and prompts are
+decoded only with prompts of the same token length, so every answer equals the one decoded alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from longboat.config.base import ConfigError, StrictModel
+from longboat.errors import LongboatError
+from longboat.models.llm.generation import generate
+from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
+from longboat.utils.logging import console
+
+Kind = Literal["exact_match", "multiple_choice"]
+_Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+class EvalDataError(LongboatError, ValueError):
+    """A row of an evaluation file is not in the expected form."""
+
+
+class EvalLMConfig(StrictModel):
+    data: Path
+    kind: Literal["auto", "exact_match", "multiple_choice"] = "auto"  # auto: from the first row's keys
+    batch_size: int = Field(8, ge=1)
+    limit: int | None = Field(None, ge=1)  # score only the first rows
+    max_new_tokens: int = Field(64, ge=1)
+    chat: bool | None = None  # None: for exact match when the model has a chat template, never for multiple choice
+    normalize: Literal["strip", "squad"] = "strip"
+    delimiter: str = " "  # between context and choice; with chat the reply starts right after the template's prompt
+    output: Path | None = None
+
+
+@dataclass
+class Row:
+    line: int
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    answers: list[str] | None = None  # exact match
+    choices: list[str] | None = None  # multiple choice
+    label: int | None = None
+
+
+def read_rows(path: Path, kind: str = "auto", limit: int | None = None) -> tuple[Kind, list[Row]]:
+    """The rows of a JSONL file and their kind; an error naming the file and line for the first malformed one."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such evaluation file")
+    rows: list[Row] = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if limit is not None and len(rows) == limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalDataError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise EvalDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            if kind == "auto":
+                kind = "multiple_choice" if "choices" in obj else "exact_match"
+            rows.append(_parse_row(obj, kind, where, line_no))
+    if not rows:
+        raise EvalDataError(f"{path}: no rows")
+    return kind, rows
+
+
+def _parse_row(obj: dict, kind: str, where: str, line_no: int) -> Row:
+    if kind == "exact_match":
+        expected = "'prompt' or 'messages', and 'answer'"
+        prompt, messages, answer = obj.get("prompt"), obj.get("messages"), obj.get("answer")
+        answers = [answer] if isinstance(answer, str) else answer
+        if not (isinstance(answers, list) and answers and all(isinstance(a, str) for a in answers)):
+            raise EvalDataError(f"{where}: exact-match rows need {expected} (a string or a list of strings); "
+                                f"got keys {sorted(obj)}")
+        if (prompt is None) == (messages is None) or (prompt is not None and not isinstance(prompt, str)):
+            raise EvalDataError(f"{where}: exact-match rows need {expected}: one of 'prompt' (a string) or "
+                                f"'messages'; got keys {sorted(obj)}")
+        if messages is not None:
+            try:
+                check_messages(messages, f"{where}: 'messages'")
+            except ConfigError as e:
+                raise EvalDataError(str(e)) from None
+        return Row(line_no, prompt=prompt, messages=messages, answers=answers)
+    context = obj.get("context", obj.get("prompt"))
+    choices, label = obj.get("choices"), obj.get("label")
+    if not isinstance(context, str):
+        raise EvalDataError(f"{where}: multiple-choice rows need 'context' (or 'prompt'), a string; "
+                            f"got keys {sorted(obj)}")
+    if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
+        raise EvalDataError(f"{where}: 'choices' must be a list of at least two non-empty strings, got {choices!r}")
+    if type(label) is not int or not 0 <= label < len(choices):
+        raise EvalDataError(f"{where}: 'label' must be an index into the {len(choices)} choices, got {label!r}")
+    return Row(line_no, prompt=context, choices=choices, label=label)
+
+
+def normalize_answer(text: str, mode: str) -> str:
+    text = text.strip()
+    if mode == "squad":
+        text = "".join(c for c in text.lower() if c not in string.punctuation)
+        text = " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+    return text
+
+
+def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (sound near 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def prompt_ids(loaded: LoadedModel, row: Row, chat: bool) -> list[int]:
+    """The tokens a row's answer or choices follow."""
+    if row.messages is not None or chat:
+        return loaded.render_chat(row.messages or [{"role": "user", "content": row.prompt}])
+    tok = loaded.tokenizer
+    return tok.encode(row.prompt) or [tok.bos_id if tok.bos_id is not None else tok.eos_id]
+
+
+def choice_requests(loaded: LoadedModel, row: Row, chat: bool, delimiter: str) -> list[tuple[list[int], int]]:
+    """``(token ids, index of the first continuation token)`` for each choice of a multiple-choice row."""
+    tok = loaded.tokenizer
+    if chat:
+        context_ids = prompt_ids(loaded, row, chat)
+        return [(context_ids + tok.encode(choice), len(context_ids)) for choice in row.choices]
+    context = row.prompt
+    moved = context[len(context.rstrip()):]  # trailing whitespace belongs to the continuation
+    context = context[: len(context) - len(moved)]
+    context_ids = tok.encode(context)
+    prefix = [] if context_ids else [tok.bos_id if tok.bos_id is not None else tok.eos_id]
+    requests = []
+    for choice in row.choices:
+        whole = prefix + tok.encode(context + moved + delimiter + choice)
+        requests.append((whole, len(prefix) + len(context_ids)))
+    return requests
+
+
+@torch.inference_mode()
+def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
+                  advance=lambda items, tokens: None) -> list[float]:
+    """The summed log-probability of each request's continuation, in request order; right-padded batches."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
+    scores = [0.0] * len(requests)
+    for b in range(0, len(order), batch_size):
+        batch = [requests[i] for i in order[b:b + batch_size]]
+        T = max(len(ids) for ids, _ in batch)
+        tokens = torch.zeros(len(batch), T, dtype=torch.long)
+        for r, (ids, _) in enumerate(batch):
+            tokens[r, :len(ids)] = torch.tensor(ids)
+        tokens = tokens.to(device)
+        positions = torch.arange(T, device=device).expand(len(batch), T)
+        logits = model(tokens, positions, None)
+        for r, (ids, start) in enumerate(batch):
+            # The logits at position t predict token t + 1.
+            logprobs = logits[r, start - 1:len(ids) - 1].float().log_softmax(-1)
+            target = tokens[r, start:len(ids)]
+            scores[order[b + r]] = logprobs.gather(-1, target[:, None]).sum().item()
+        advance(len(batch), sum(len(ids) for ids, _ in batch))
+    return scores
+
+
+@torch.inference_mode()
+def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
+                     advance=lambda items, tokens: None) -> list[list[int]]:
+    """Greedy continuations up to the first stop id, batched only among prompts of the same token length."""
+    device = next(loaded.model.parameters()).device
+    max_len = loaded.model.cfg.max_seq_len
+    by_length: dict[int, list[int]] = {}
+    for i, ids in enumerate(prompts):
+        by_length.setdefault(len(ids), []).append(i)
+    answers: list[list[int]] = [[] for _ in prompts]
+    for length, members in sorted(by_length.items()):
+        for b in range(0, len(members), batch_size):
+            group = members[b:b + batch_size]
+            prompt = torch.tensor([prompts[i] for i in group], dtype=torch.long, device=device)
+            out = generate(loaded.model, prompt, min(max_new_tokens, max_len - length), temperature=0.0,
+                           stop_ids=loaded.stop_ids)
+            for r, i in enumerate(group):
+                answers[i] = until_stop(out[r, length:].tolist(), loaded.stop_ids)
+            advance(len(group), sum(len(answers[i]) for i in group))
+    return answers
+
+
+def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
+    """Score the model on ``cfg.data``; print the metrics with 95% Wilson intervals; return (and write) the results."""
+    kind, rows = read_rows(cfg.data, cfg.kind, cfg.limit)  # malformed rows fail before the model is read
+    loaded = load_for_inference(model_path)
+    chat = cfg.chat if cfg.chat is not None else (kind == "exact_match" and loaded.chat_template is not None)
+    if any(r.messages is not None for r in rows) and cfg.chat is False:
+        raise ConfigError(f"{cfg.data}: rows with 'messages' need the chat template; drop --no-chat")
+    max_len = loaded.model.cfg.max_seq_len
+    start = time.perf_counter()
+    with _Progress(kind) as progress:
+        if kind == "exact_match":
+            prompts = [prompt_ids(loaded, r, chat) for r in rows]
+            _check_fits(cfg.data, rows, [len(p) + 1 for p in prompts], max_len)
+            progress.total(len(rows))
+            outputs = generate_answers(loaded, prompts, cfg.max_new_tokens, cfg.batch_size, progress.advance)
+            items = _exact_match_items(loaded, rows, outputs, cfg.normalize)
+            tokens = sum(len(o) for o in outputs)
+        else:
+            delimiter = "" if chat else cfg.delimiter
+            per_row = [choice_requests(loaded, r, chat, delimiter) for r in rows]
+            _check_fits(cfg.data, rows, [max(len(ids) for ids, _ in reqs) for reqs in per_row], max_len)
+            requests = [req for reqs in per_row for req in reqs]
+            progress.total(len(requests))
+            scores = iter(score_choices(loaded.model, requests, cfg.batch_size, progress.advance))
+            items = _choice_items(rows, [[next(scores) for _ in reqs] for reqs in per_row])
+            tokens = sum(len(ids) for ids, _ in requests)
+    seconds = time.perf_counter() - start
+    metrics = {}
+    for name in ("exact_match",) if kind == "exact_match" else ("acc", "acc_norm"):
+        correct = sum(item[name] for item in items)
+        low, high = wilson_interval(correct, len(items))
+        metrics[name] = {"value": correct / len(items), "ci95": [low, high], "correct": correct}
+        console.print(f"{name:12s} {correct / len(items):.4f}  (95% CI {low:.4f}–{high:.4f}, n={len(items)})")
+    console.print(f"{tokens} tokens in {seconds:.1f} s: {tokens / max(seconds, 1e-9):.0f} tokens/s "
+                  f"({'generated' if kind == 'exact_match' else 'scored'}), {loaded.source}")
+    results = {"model": str(loaded.source), "data": str(cfg.data), "kind": kind, "chat": chat, "n": len(items),
+               "metrics": metrics, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
+               "items": items}
+    if cfg.output is not None:
+        cfg.output.parent.mkdir(parents=True, exist_ok=True)
+        cfg.output.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        console.print(f"wrote {cfg.output}")
+    return results
+
+
+def _check_fits(path: Path, rows: list[Row], lengths: list[int], max_len: int) -> None:
+    for row, n in zip(rows, lengths):
+        if n > max_len:
+            raise EvalDataError(f"{path}:{row.line}: needs {n} tokens, beyond the model's max_seq_len {max_len}")
+
+
+def _exact_match_items(loaded: LoadedModel, rows: list[Row], outputs: list[list[int]], mode: str) -> list[dict]:
+    items = []
+    for row, ids in zip(rows, outputs):
+        prediction = loaded.tokenizer.decode(ids)
+        norm = normalize_answer(prediction, mode)
+        correct = any(norm == normalize_answer(a, mode) for a in row.answers)
+        items.append({"line": row.line, "prediction": prediction, "answers": row.answers, "exact_match": correct})
+    return items
+
+
+def _choice_items(rows: list[Row], scores: list[list[float]]) -> list[dict]:
+    items = []
+    for row, lls in zip(rows, scores):
+        normed = [ll / len(c.encode("utf-8")) for ll, c in zip(lls, row.choices)]
+        pred = max(range(len(lls)), key=lls.__getitem__)
+        pred_norm = max(range(len(lls)), key=normed.__getitem__)
+        items.append({"line": row.line, "label": row.label, "pred": pred, "pred_norm": pred_norm, "logprobs": lls,
+                      "acc": pred == row.label, "acc_norm": pred_norm == row.label})
+    return items
+
+
+class _Progress:
+    """A rich progress bar over items with the token rate, on a terminal's stderr; silent off a terminal."""
+
+    def __init__(self, description: str):
+        from rich.console import Console
+
+        self.description = description
+        self._console = Console(stderr=True)
+        self._bar = None
+
+    def __enter__(self) -> "_Progress":
+        if self._console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=self._console)
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.description, total=None, rate="")
+            self._start, self._tokens = time.perf_counter(), 0
+        return self
+
+    def total(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, total=n)
+
+    def advance(self, items: int, tokens: int) -> None:
+        if self._bar is not None:
+            self._tokens += tokens
+            rate = self._tokens / max(time.perf_counter() - self._start, 1e-9)
+            self._bar.update(self._task, advance=items, rate=f"{rate:,.0f} tokens/s")
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)

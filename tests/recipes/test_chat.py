@@ -1,0 +1,89 @@
+"""``longboat chat``: a greedy multi-turn conversation through piped stdin replies exactly as ``generate --chat``
+replies to the same conversation from scratch, while prefilling only the new turn's tokens."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from longboat.cli.main import main
+from longboat.recipes.chat import ChatSession, ContextFull, run_chat
+from longboat.recipes.generate import load_for_inference
+from tests.conftest import REPO
+from tests.recipes.conftest import QA, SYSTEM
+
+QUESTIONS = [QA[0][0], QA[4][0], QA[2][0]]
+SAMPLING = ["--temperature", "0", "--max-new-tokens", "12"]
+
+
+def from_scratch(capsys, model, messages) -> str:
+    assert main(["generate", str(model), "--messages", json.dumps(messages), *SAMPLING]) == 0
+    return capsys.readouterr().out.removesuffix("\n")
+
+
+@pytest.mark.slow
+def test_piped_chat_reuses_the_cache_and_replies_as_generate(chat_export, capsys):
+    stdin = "\n".join([*QUESTIONS, "/exit", "never sent"]) + "\n"
+    proc = subprocess.run([sys.executable, "-m", "longboat", "chat", str(chat_export), "--system", SYSTEM, *SAMPLING],
+                          input=stdin, capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr
+    replies = proc.stdout.splitlines()
+    assert len(replies) == len(QUESTIONS)
+    stats = [tuple(map(int, m)) for m in re.findall(r"prefilled (\d+) tokens, reused (\d+) from the cache",
+                                                    proc.stderr)]
+    assert len(stats) == len(QUESTIONS)
+
+    loaded = load_for_inference(chat_export)
+    messages = [{"role": "system", "content": SYSTEM}]
+    for question, reply, (prefilled, reused) in zip(QUESTIONS, replies, stats):
+        messages.append({"role": "user", "content": question})
+        assert reply == from_scratch(capsys, chat_export, messages)
+        rendered = len(loaded.render_chat(messages))
+        assert prefilled + reused == rendered
+        messages.append({"role": "assistant", "content": reply})
+    # After the first turn only the new turn is prefilled: the previous rendering was cached whole.
+    assert stats[0][1] == 0 and all(reused > 0 and prefilled < 25 for prefilled, reused in stats[1:])
+
+
+def test_commands_reset_and_system(chat_export, capsys):
+    loaded = load_for_inference(chat_export)
+    session = ChatSession(loaded, max_new_tokens=12, temperature=0.0)
+    stdin = io.StringIO(f"{QUESTIONS[0]}\n/system {SYSTEM}\n{QUESTIONS[1]}\n/reset\n/bogus\n\n{QUESTIONS[1]}\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert run_chat(session, stdin, out, err) == 0  # the end of input ends the chat
+    first, with_system, after_reset = out.getvalue().splitlines()
+    assert "[system message set]" in err.getvalue() and "[conversation reset]" in err.getvalue()
+    assert "unknown command /bogus" in err.getvalue()
+    # The new system message changed the start of the rendering: the cache was rolled back to the first difference.
+    stats = [tuple(map(int, m)) for m in re.findall(r"prefilled (\d+) tokens, reused (\d+)", err.getvalue())]
+    assert stats[1][1] < stats[0][0] and stats[2][1] == 0
+    assert session.messages() == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1]},
+                                  {"role": "assistant", "content": after_reset}]
+    assert first == from_scratch(capsys, chat_export, [{"role": "user", "content": QUESTIONS[0]}])
+    assert with_system == from_scratch(capsys, chat_export, [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]},
+        {"role": "assistant", "content": first}, {"role": "user", "content": QUESTIONS[1]}])
+    assert after_reset == from_scratch(capsys, chat_export, [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1]}])
+
+
+def test_full_context_says_so(chat_export):
+    session = ChatSession(load_for_inference(chat_export), max_new_tokens=12, temperature=0.0)
+    with pytest.raises(ContextFull, match=r"needs \d+ tokens and the model holds 256; /reset to start over"):
+        session.send("word " * 300)
+    assert session.turns == []  # the turn that did not fit is not kept
+    out, err = io.StringIO(), io.StringIO()
+    run_chat(session, io.StringIO("word " * 300 + f"\n{QUESTIONS[0]}\n"), out, err)
+    assert "[context full:" in err.getvalue() and len(out.getvalue().splitlines()) == 1
+
+
+def test_chat_needs_a_chat_template(plain_hf_dir, capsys):
+    assert main(["chat", str(plain_hf_dir)]) == 2
+    assert "the model's tokenizer has no chat template" in capsys.readouterr().err
