@@ -1,0 +1,152 @@
+"""Token ids and labels of conversations, correct to the token.
+
+The ids of a conversation are its full rendering tokenized without added special tokens, exactly what
+``apply_chat_template(..., tokenize=True)`` returns. An assistant turn supervises what the template adds when the
+conversation through that turn is rendered, beyond the conversation before it rendered with the generation prompt:
+the turn's text and whatever the template closes it with (its end-of-turn token), never the prompt the model is
+given. The spans come from the renderings (each prefix rendering is a string prefix of the full one), mapped to
+tokens with the tokenizer's character offsets; each prefix rendering is then tokenized too, to verify that its
+ids are a prefix of the full ids.
+
+Where a BPE merge straddles a boundary (e.g. a turn that opens with a newline merging with the newline that ends
+the generation prompt) the prefix's ids are not a prefix of the full ids. The full ids stay as they are (they are
+what the template tokenizes to), and every token holding any character of a supervised span is supervised. Such
+boundaries are counted and reported.
+
+Templates that rewrite history (e.g. dropping ``<think>`` blocks from earlier assistant turns) render a turn one way
+while it is the last and another way once later turns follow: the rendering through a turn is then not a prefix of
+the full one. ``history_rewrite: per_turn`` makes one sample per assistant turn (the conversation through that
+turn, only that turn supervised); ``error`` refuses the conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+
+from longboat.data.chat.sources import Conversation, Message
+from longboat.data.chat.template import ChatTemplate, ChatTemplateError
+from longboat.data.labels import IGNORE_INDEX
+from longboat.data.tokenizer import Tokenizer
+
+TrainOn = Literal["assistant", "all"]
+HistoryRewrite = Literal["per_turn", "error"]
+_CHUNK = 512  # conversations encoded per batch: bounds the memory held by the backend's encodings
+
+
+@dataclass
+class Sample:
+    """One training sequence: ``tokens`` and pre-shifted ``labels`` (``labels[t]`` is the target of ``tokens[t]``)."""
+
+    tokens: np.ndarray  # int32 [L]
+    labels: np.ndarray  # int32 [L], IGNORE_INDEX where unsupervised
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class SupervisionStats:
+    conversations: int = 0
+    per_turn: int = 0  # conversations split into one sample per turn (history-rewriting template)
+    boundary_merges: int = 0  # prefix renderings whose ids are not a prefix of the full ids
+    rejected: dict[int, str] = field(default_factory=dict)  # conversation index -> the template's refusal
+
+
+@dataclass
+class _Plan:
+    """One sample to tokenize: its text, its supervised character spans, and the prefixes to verify."""
+
+    conversation: int
+    text: str
+    spans: list[tuple[int, int]]
+    prefixes: list[str]
+
+
+class SupervisionError(ChatTemplateError):
+    """A template renders turns in a way that supervision cannot follow."""
+
+
+class ChatSupervisor:
+    """Turns conversations into :class:`Sample`\\ s with a template, a tokenizer and a supervision policy."""
+
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, template_kwargs: dict | None = None,
+                 train_on: TrainOn = "assistant", history_rewrite: HistoryRewrite = "per_turn"):
+        self.tokenizer, self.template = tokenizer, template
+        self.kwargs = dict(template_kwargs or {})
+        self.train_on, self.history_rewrite = train_on, history_rewrite
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **self.kwargs)
+
+    def encode(self, conversations: Sequence[Conversation], source: str = "") -> tuple[list[list[Sample]],
+                                                                                      SupervisionStats]:
+        """The samples of each conversation (empty for one the template refuses), and what was found."""
+        stats = SupervisionStats(conversations=len(conversations))
+        out: list[list[Sample]] = [[] for _ in conversations]
+        for start in range(0, len(conversations), _CHUNK):
+            plans = []
+            for i in range(start, min(start + _CHUNK, len(conversations))):
+                try:
+                    plans += self._plan(i, conversations[i].messages, stats)
+                except SupervisionError as e:
+                    raise SupervisionError(f"{source}: row {conversations[i].row}: {e}") from None
+                except ChatTemplateError as e:
+                    stats.rejected[i] = str(e)
+            for plan, sample in zip(plans, self._tokenize(plans, stats)):
+                out[plan.conversation].append(sample)
+        return out, stats
+
+    def _plan(self, index: int, messages: list[Message], stats: SupervisionStats) -> list[_Plan]:
+        full = self.render(messages)
+        if self.train_on == "all":
+            return [_Plan(index, full, [(0, len(full))], [])]
+        turns = []  # (rendering before the turn with the generation prompt, rendering through the turn)
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before, through = self.render(messages[:i], add_generation_prompt=True), self.render(messages[: i + 1])
+            if not through.startswith(before):
+                raise SupervisionError(
+                    f"the template's generation prompt is not how it opens the assistant turn {i} (rendering the "
+                    f"conversation before it with add_generation_prompt=True gives {before[-40:]!r} at the end, "
+                    f"the turn itself gives {through[len(before) - 40:len(before)]!r}); supervision cannot tell "
+                    "the prompt from the reply"
+                )
+            turns.append((before, through))
+        if all(full.startswith(through) for _, through in turns):
+            spans = [(len(before), len(through)) for before, through in turns]
+            prefixes = [p for turn in turns for p in turn if len(p) < len(full)]
+            return [_Plan(index, full, spans, prefixes)]
+        if self.history_rewrite == "error":
+            raise SupervisionError(
+                "the chat template rewrites earlier turns (the rendering through an assistant turn is not a prefix "
+                "of the whole conversation's, e.g. reasoning dropped from history); set data.history_rewrite: "
+                "per_turn to train one sample per assistant turn"
+            )
+        stats.per_turn += 1
+        return [_Plan(index, through, [(len(before), len(through))], [before]) for before, through in turns]
+
+    def _tokenize(self, plans: list[_Plan], stats: SupervisionStats) -> list[Sample]:
+        backend = self.tokenizer.backend
+        encodings = backend.encode_batch([p.text for p in plans], add_special_tokens=False)
+        prefixes = [(k, text) for k, p in enumerate(plans) for text in p.prefixes]
+        prefix_ids = self.tokenizer.encode_batch([text for _, text in prefixes])
+        ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        ends = [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)[:, 1] for e in encodings]
+        for (k, text), got in zip(prefixes, prefix_ids):
+            # The tokens that end within the prefix must be exactly the prefix's own tokens.
+            n = int(np.searchsorted(ends[k], len(text), side="right"))
+            if len(got) != n or not np.array_equal(ids[k][:n], got):
+                stats.boundary_merges += 1
+        samples = []
+        for k, (plan, e) in enumerate(zip(plans, encodings)):
+            offsets = np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)
+            supervised = np.zeros(len(ids[k]), dtype=bool)
+            for a, b in plan.spans:
+                supervised |= (offsets[:, 1] > a) & (offsets[:, 0] < b)
+            labels = np.where(supervised, ids[k], IGNORE_INDEX).astype(np.int32)
+            samples.append(Sample(ids[k][:-1], labels[1:]))
+        return samples
