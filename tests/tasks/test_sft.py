@@ -26,6 +26,11 @@ SMALL = [f"data.tokenizer={TOKENIZER}", f"data.sources=[{TOKENIZER.parent / 'cha
          "model.ffn_dim=128", "train.threads=1", "train.tensorboard=false"]
 
 
+# ChatML that opens with a fixed system turn: not the fixture tokenizer's own template.
+TERSE = ("<|im_start|>system\nBe terse.<|im_end|>\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 def chat(i: int, words: int = 3) -> dict:
     return {"messages": [{"role": "user", "content": f"Count to {i}."},
                          {"role": "assistant", "content": " ".join(["one"] * words) + f" {i}"}]}
@@ -144,8 +149,7 @@ def test_loss_counts_tokens_or_samples(tmp_path, normalization, packing):
 def test_export_carries_a_template_that_is_not_the_tokenizers(tmp_path):
     transformers = pytest.importorskip("transformers")
     template = tmp_path / "terse.jinja"
-    template.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    template.write_text(TERSE)
     own = resolve(tmp_path).task.export_assets()
     assert sorted(own) == ["tokenizer.json", "tokenizer_config.json"]
     assets = resolve(tmp_path, f"data.chat_template={template}").task.export_assets()
@@ -156,7 +160,8 @@ def test_export_carries_a_template_that_is_not_the_tokenizers(tmp_path):
     assert Tokenizer(out).chat_template == template.read_text()
     hf = transformers.AutoTokenizer.from_pretrained(out)
     messages = [{"role": "user", "content": "Hi"}]
-    assert hf.apply_chat_template(messages, tokenize=False) == "<|im_start|>user\nHi<|im_end|>\n"
+    assert hf.apply_chat_template(messages, tokenize=False) == \
+        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
 
 
 @pytest.mark.slow
@@ -167,12 +172,28 @@ def test_tiny_config_trains_resumes_and_exports(tmp_path):
     assert result.step == 24
     losses = [m["loss"] for m in read_metrics(tmp_path / "run")]
     assert losses[-1] < losses[0] - 0.5, losses
-    resumed = train.run(resolve(tmp_path, *steps[1:], "train.steps=30"))
+    resumed = train.run(resolve(tmp_path, *steps[1:], "train.steps=30", "checkpoint.export_hf=true"))
     assert resumed.step == 30
     assert [m["step"] for m in read_metrics(tmp_path / "run")][len(losses):] == [28, 30]  # went on from step 24
     export = tmp_path / "run" / "export"
     assert json.loads((export / "longboat_config.json").read_text())["task"] == "sft"
-    hf = transformers.AutoTokenizer.from_pretrained(export)
     messages = [{"role": "user", "content": "What is 2 plus 3?"}]
-    assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        "<|im_start|>user\nWhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n"
+    for out in (export, tmp_path / "run" / "hf"):
+        hf = transformers.AutoTokenizer.from_pretrained(out)
+        assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+            "<|im_start|>user\nWhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.slow
+def test_exports_chat_with_the_template_the_run_trained_with(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    template = tmp_path / "terse.jinja"
+    template.write_text(TERSE)
+    train.run(resolve(tmp_path, "train.steps=2", "train.eval_every=0", "checkpoint.export_hf=true",
+                      f"data.chat_template={template}"))
+    for out in (tmp_path / "run" / "export", tmp_path / "run" / "hf"):
+        assert Tokenizer(out).chat_template == TERSE
+        hf = transformers.AutoTokenizer.from_pretrained(out)
+        assert hf.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False) == \
+            "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        assert hf("Hi")["input_ids"] == transformers.AutoTokenizer.from_pretrained(TOKENIZER)("Hi")["input_ids"]

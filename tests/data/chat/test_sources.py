@@ -21,7 +21,8 @@ OPENAI = {"messages": [
 ]}
 SHAREGPT = {"conversations": [
     {"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Ahoy."},
-    {"from": "human", "value": "Tide?"}, {"from": "observation", "value": "14:32"}, {"from": "gpt", "value": "At 14:32."},
+    {"from": "human", "value": "Tide?"}, {"from": "observation", "value": "14:32"},
+    {"from": "gpt", "value": "At 14:32."},
 ]}
 ALPACA = {"instruction": "Name a knot.", "input": "One used at sea.", "output": "The bowline.", "system": "Be brief."}
 

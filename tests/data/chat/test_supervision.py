@@ -147,7 +147,7 @@ def test_generation_prompt_that_does_not_open_the_turn_is_an_error(qwen_tokenize
 def test_builtin_templates(tmp_path):
     chatml = make_tokenizer(tmp_path / "plain", None, "<|endoftext|>", vocab_size=300)
     tok = Tokenizer(chatml)
-    with pytest.raises(ChatTemplateError, match="has no chat template; set data.chat_template to one of chatml, llama3"):
+    with pytest.raises(ChatTemplateError, match="no chat template; set data.chat_template to one of chatml, llama3"):
         resolve_chat_template(tok, None)
     for name, end in (("chatml", "<|im_end|>\n"), ("llama3", "<|eot_id|>")):
         template, own = resolve_chat_template(tok, name)
