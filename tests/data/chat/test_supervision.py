@@ -157,3 +157,15 @@ def test_builtin_templates(tmp_path):
         assert supervised == "A long, narrow ship with oars and a sail." + end
     with pytest.raises(ChatTemplateError, match="neither a built-in template"):
         resolve_chat_template(tok, "vicuna")
+
+
+def test_merge_is_found_where_no_added_token_precedes_the_boundary(qwen_tokenizer, tmp_path):
+    # Plain-text turns: the prompt ends in a space that the reply's first word takes into its token.
+    plain = tmp_path / "plain.jinja"
+    plain.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}assistant: {% endif %}")
+    tok = Tokenizer(qwen_tokenizer)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "the tide."}]
+    [[sample]], stats = encode(qwen_tokenizer, [messages], chat_template=str(plain))
+    assert stats.boundary_merges == 1
+    assert tok.decode([t for t in sample.labels.tolist() if t != IGNORE_INDEX]) == " the tide.\n"  # " the" holds the prompt's space

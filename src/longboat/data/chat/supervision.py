@@ -6,7 +6,8 @@ conversation through that turn is rendered, beyond the conversation before it re
 the turn's text and whatever the template closes it with (its end-of-turn token), never the prompt the model is
 given. The spans come from the renderings (each prefix rendering is a string prefix of the full one), mapped to
 tokens with the tokenizer's character offsets; each prefix rendering is then tokenized too, to verify that its
-ids are a prefix of the full ids.
+ids are a prefix of the full ids (from its last added token on: added tokens split a text into pieces that
+tokenize independently, so only the piece a prefix ends in can differ).
 
 Where a BPE merge straddles a boundary (e.g. a turn that opens with a newline merging with the newline that ends
 the generation prompt) the prefix's ids are not a prefix of the full ids. The full ids stay as they are (they are
@@ -21,6 +22,8 @@ turn, only that turn supervised); ``error`` refuses the conversation.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -130,23 +133,48 @@ class ChatSupervisor:
         return [_Plan(index, through, [(len(before), len(through))], [before]) for before, through in turns]
 
     def _tokenize(self, plans: list[_Plan], stats: SupervisionStats) -> list[Sample]:
-        backend = self.tokenizer.backend
-        encodings = backend.encode_batch([p.text for p in plans], add_special_tokens=False)
-        prefixes = [(k, text) for k, p in enumerate(plans) for text in p.prefixes]
-        prefix_ids = self.tokenizer.encode_batch([text for _, text in prefixes])
+        encodings = self.tokenizer.backend.encode_batch([p.text for p in plans], add_special_tokens=False)
         ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
-        ends = [np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)[:, 1] for e in encodings]
-        for (k, text), got in zip(prefixes, prefix_ids):
-            # The tokens that end within the prefix must be exactly the prefix's own tokens.
-            n = int(np.searchsorted(ends[k], len(text), side="right"))
-            if len(got) != n or not np.array_equal(ids[k][:n], got):
+        offsets = [e.offsets for e in encodings]
+        added = [np.flatnonzero(np.isin(ids[k], self._added)) if plan.prefixes else None
+                 for k, plan in enumerate(plans)]
+        checks = [(k, *_window(plan.text, offsets[k], added[k], len(prefix)))
+                  for k, plan in enumerate(plans) for prefix in plan.prefixes]
+        windows = self.tokenizer.encode_batch([text for _, text, _, _ in checks])
+        for (k, _, first, last), got in zip(checks, windows):
+            if last - first != len(got) or not np.array_equal(ids[k][first:last], got):
                 stats.boundary_merges += 1
         samples = []
-        for k, (plan, e) in enumerate(zip(plans, encodings)):
-            offsets = np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)
-            supervised = np.zeros(len(ids[k]), dtype=bool)
-            for a, b in plan.spans:
-                supervised |= (offsets[:, 1] > a) & (offsets[:, 0] < b)
-            labels = np.where(supervised, ids[k], IGNORE_INDEX).astype(np.int32)
+        for k, plan in enumerate(plans):
+            labels = np.full(len(ids[k]), IGNORE_INDEX, dtype=np.int32)
+            for a, b in plan.spans:  # every token holding a character of [a, b)
+                first, last = _tokens_ending_by(offsets[k], a), _tokens_starting_before(offsets[k], b)
+                labels[first:last] = ids[k][first:last]
             samples.append(Sample(ids[k][:-1], labels[1:]))
         return samples
+
+    @functools.cached_property
+    def _added(self) -> np.ndarray:
+        return np.fromiter(self.tokenizer.backend.get_added_tokens_decoder(), dtype=np.int64)
+
+
+def _window(text: str, offsets: list[tuple[int, int]], added: np.ndarray, end: int) -> tuple[str, int, int]:
+    """``(text, first, last)``: the prefix ``text[:end]`` from its last added token on (``added``: the positions
+    of added tokens), whose ids must equal the full ids ``[first:last]`` for the prefix's ids to be a prefix of them.
+
+    Added (special) tokens split a text into pieces that tokenize independently, so only the piece the prefix ends
+    in can differ; verifying from the last added token keeps the check short.
+    """
+    last = _tokens_ending_by(offsets, end)
+    k = int(np.searchsorted(added, last)) - 1  # the last added token that ends by the prefix's end
+    first = int(added[k]) if k >= 0 else 0
+    return text[offsets[first][0] if k >= 0 else 0:end], first, last
+
+
+def _tokens_ending_by(offsets: list[tuple[int, int]], c: int) -> int:
+    """How many tokens end at or before character ``c`` (offsets are ordered)."""
+    return bisect.bisect_right(offsets, c, key=lambda o: o[1])
+
+
+def _tokens_starting_before(offsets: list[tuple[int, int]], c: int) -> int:
+    return bisect.bisect_left(offsets, c, key=lambda o: o[0])
