@@ -136,12 +136,10 @@ def test_template_refusal_is_reported_per_conversation(qwen_tokenizer, tmp_path)
     assert "no tools here" in stats.rejected[2]
 
 
-def test_generation_prompt_that_does_not_open_the_turn_is_an_error(qwen_tokenizer, tmp_path):
-    odd = tmp_path / "odd.jinja"
-    odd.write_text("{% for m in messages %}<|im_start|>{{ m.role }}: {{ m.content }}<|im_end|>{% endfor %}"
-                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    with pytest.raises(SupervisionError, match="generation prompt is not how it opens the assistant turn 1"):
-        encode(qwen_tokenizer, [CONVERSATIONS[0]], chat_template=str(odd))
+def test_conversation_whose_turn_the_generation_prompt_does_not_open_is_rejected(qwen3_tokenizer):
+    # Thinking off: the prompt ends in an empty think block, but this reply carries reasoning.
+    [samples], stats = encode(qwen3_tokenizer, [QWEN3_TURNS[:2]], template_kwargs={"enable_thinking": False})
+    assert samples == [] and "generation prompt does not open assistant turn 1" in stats.rejected[0]
 
 
 def test_builtin_templates(tmp_path):

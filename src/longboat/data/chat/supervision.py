@@ -69,7 +69,7 @@ class _Plan:
 
 
 class SupervisionError(ChatTemplateError):
-    """A template renders turns in a way that supervision cannot follow."""
+    """A template rewrites earlier turns and ``history_rewrite: error`` refuses it."""
 
 
 class ChatSupervisor:
@@ -96,7 +96,7 @@ class ChatSupervisor:
                     plans += self._plan(i, conversations[i].messages, stats)
                 except SupervisionError as e:
                     raise SupervisionError(f"{source}: row {conversations[i].row}: {e}") from None
-                except ChatTemplateError as e:
+                except (ChatTemplateError, TypeError) as e:  # a TypeError: e.g. the template adds a str and a list
                     stats.rejected[i] = str(e)
             for plan, sample in zip(plans, self._tokenize(plans, stats)):
                 out[plan.conversation].append(sample)
@@ -111,12 +111,11 @@ class ChatSupervisor:
             if m["role"] != "assistant":
                 continue
             before, through = self.render(messages[:i], add_generation_prompt=True), self.render(messages[: i + 1])
-            if not through.startswith(before):
-                raise SupervisionError(
-                    f"the template's generation prompt is not how it opens the assistant turn {i} (rendering the "
-                    f"conversation before it with add_generation_prompt=True gives {before[-40:]!r} at the end, "
-                    f"the turn itself gives {through[len(before) - 40:len(before)]!r}); supervision cannot tell "
-                    "the prompt from the reply"
+            if not through.startswith(before):  # e.g. a reasoning turn where template_kwargs turn thinking off
+                raise ChatTemplateError(
+                    f"the generation prompt does not open assistant turn {i} as the template renders it (the prompt "
+                    f"ends {before[-40:]!r}, the turn has {through[len(before) - 40:len(before)]!r} there), so the "
+                    "prompt cannot be told from the reply"
                 )
             turns.append((before, through))
         if all(full.startswith(through) for _, through in turns):
