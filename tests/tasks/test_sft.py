@@ -27,7 +27,8 @@ SMALL = [f"data.tokenizer={TOKENIZER}", f"data.sources=[{TOKENIZER.parent / 'cha
 
 
 # ChatML that opens with a fixed system turn: not the fixture tokenizer's own template.
-TERSE = ("<|im_start|>system\nBe terse.<|im_end|>\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+TERSE = ("<|im_start|>system\nBe terse.<|im_end|>\n"
+         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
@@ -125,7 +126,7 @@ def test_held_out_conversations_never_train(tmp_path):
 def test_malformed_source_fails_the_run_with_counts(tmp_path):
     rows = [chat(i) for i in range(20)] + ['{"messages": [', {"messages": []}]
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
-    with pytest.raises(ChatDataError, match=r"chat.jsonl: 2 of 22 rows are malformed .*unparsable line × 1 \(rows 21\)"):
+    with pytest.raises(ChatDataError, match=r"chat.jsonl: 2 of 22 rows are malformed .*unparsable line × 1 \(rows 21"):
         build(tmp_path, f"data.sources=[{path}]")
     data = build(tmp_path, f"data.sources=[{path}]", "data.max_malformed_fraction=0.1", "data.valid_fraction=0")
     assert data.summary["train_samples"] == 20

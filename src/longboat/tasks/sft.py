@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -66,15 +66,6 @@ class SFTDataConfig(StrictModel):
         return [{"path": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
 
 
-@dataclass
-class _Split:
-    samples: list[Sample]
-    conversations: int = 0
-    dropped: int = 0  # longer than seq_len (truncation: drop)
-    truncated: int = 0
-    unsupervised: int = 0  # no supervised token left
-
-
 @register_task("sft")
 class SFT(Task):
     """Fine-tuning on chat conversations, supervising the assistant's turns."""
@@ -110,72 +101,69 @@ class SFT(Task):
         tokenizer = Tokenizer(data.tokenizer)
         template, _ = resolve_chat_template(tokenizer, data.chat_template)
         supervisor = ChatSupervisor(tokenizer, template, data.template_kwargs, data.train_on, data.history_rewrite)
-        train, valid = _Split([]), _Split([])
-        started, n_conversations, merges = time.perf_counter(), 0, 0
+        train: list[Sample] = []
+        valid: list[Sample] = []
+        counts: Counter = Counter()  # over each source's conversations once, before weighting
+        encoding_s, n_conversations = 0.0, 0
         for k, source in enumerate(data.sources + data.valid_sources):
-            held_out = k >= len(data.sources)
             conversations, report = read_conversations(source.path, source.format, source.split)
             check_malformed(report, data.max_malformed_fraction)
+            started = time.perf_counter()
             encoded, stats = supervisor.encode(conversations, source.path)
+            encoding_s += time.perf_counter() - started
+            n_conversations += len(conversations)
             for i, why in stats.rejected.items():
                 report.count(conversations[i].row, "rejected by template", conversations[i].messages, why)
             check_malformed(report, data.max_malformed_fraction)
-            n_conversations += len(conversations)
-            merges += stats.boundary_merges
+            counts["boundary merges"] += stats.boundary_merges
             console.print(f"{source.path}: {report.rows - report.n_malformed} conversations"
                           + (f" · malformed {report.describe()}" if report.n_malformed else "")
                           + (f" · {stats.per_turn} split per turn (history rewrite)" if stats.per_turn else ""))
-            kept = [i for i in range(len(conversations)) if i not in stats.rejected]
+            fitted = {i: self._fit(encoded[i], counts) for i in range(len(conversations)) if i not in stats.rejected}
+            kept = list(fitted)
+            if k >= len(data.sources):  # a validation source
+                valid += [s for i in kept for s in fitted[i]]
+                continue
             rng = np.random.default_rng([seed, k])
-            if held_out:
-                chosen, valid_part = [], kept
-            else:
-                order = rng.permutation(len(kept))
-                n_valid = round(data.valid_fraction * len(kept))
-                valid_part = sorted(kept[j] for j in order[:n_valid])
-                chosen = _weighted([kept[j] for j in sorted(order[n_valid:])], source.weight, rng, source.path)
-            self._add(train, [encoded[i] for i in chosen])
-            self._add(valid, [encoded[i] for i in valid_part])
-        rate = n_conversations / max(time.perf_counter() - started, 1e-9)
-        if not train.samples:
+            order = rng.permutation(len(kept))
+            n_valid = round(data.valid_fraction * len(kept))
+            valid += [s for j in sorted(order[:n_valid]) for s in fitted[kept[j]]]
+            chosen = _weighted([kept[j] for j in sorted(order[n_valid:])], source.weight, rng, source.path)
+            train += [s for i in chosen for s in fitted[i]]
+        if not train:
             raise ConfigError(f"data: no training sample fits data.seq_len={data.seq_len} "
-                              f"({train.dropped} dropped as too long, {train.unsupervised} with no supervised token)")
+                              f"({counts['dropped (too long)']} dropped as too long, "
+                              f"{counts['no supervised token']} with no supervised token)")
         layout = pack if data.packing else pad
         pad_id = _pad_id(tokenizer)
-        train_rows = layout(train.samples, data.seq_len, pad_id)
-        valid_rows = layout(valid.samples, data.seq_len, pad_id) if valid.samples else None
+        train_rows = layout(train, data.seq_len, pad_id)
+        valid_rows = layout(valid, data.seq_len, pad_id) if valid else None
         if valid_rows is not None and len(valid_rows) < train_cfg.micro_batch_size * dp_size:
             raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
                               f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
-        summary = {"train_samples": len(train.samples), "train_rows": len(train_rows),
+        summary = {"train_samples": len(train), "train_rows": len(train_rows),
                    "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
-                   "valid_rows": len(valid_rows) if valid_rows is not None else 0}
-        for name, count in (("dropped (too long)", train.dropped + valid.dropped),
-                            ("truncated", train.truncated + valid.truncated),
-                            ("no supervised token", train.unsupervised + valid.unsupervised),
-                            ("boundary merges", merges)):
-            if count:
-                summary[name] = count
-        summary["tokenized"] = f"{rate:.0f} conversations/s"
+                   "valid_rows": len(valid_rows) if valid_rows is not None else 0,
+                   **{name: n for name, n in counts.items() if n},
+                   "tokenized": f"{n_conversations / max(encoding_s, 1e-9):.0f} conversations/s"}
         return TaskData(train_rows, valid_rows,
                         make_lm_loss(True, True, per_sample=data.loss_normalization == "samples"), summary)
 
-    def _add(self, split: _Split, conversations: list[list[Sample]]) -> None:
-        """Each sample fitted to ``seq_len`` (dropped or truncated) and kept when it still supervises a token."""
+    def _fit(self, samples: list[Sample], counts: Counter) -> list[Sample]:
+        """The samples fitted to ``seq_len`` (dropped or truncated) that still supervise a token."""
         seq_len, truncate = self.data.seq_len, self.data.truncation == "truncate"
-        split.conversations += len(conversations)
-        for samples in conversations:
-            for s in samples:
-                if len(s) > seq_len:
-                    if not truncate:
-                        split.dropped += 1
-                        continue
-                    split.truncated += 1
-                    s = Sample(s.tokens[:seq_len], s.labels[:seq_len])
-                if not (s.labels >= 0).any():
-                    split.unsupervised += 1
+        out = []
+        for s in samples:
+            if len(s) > seq_len:
+                counts["truncated" if truncate else "dropped (too long)"] += 1
+                if not truncate:
                     continue
-                split.samples.append(s)
+                s = Sample(s.tokens[:seq_len], s.labels[:seq_len])
+            if not (s.labels >= 0).any():
+                counts["no supervised token"] += 1
+                continue
+            out.append(s)
+        return out
 
     def flops_per_unit(self, model_cfg) -> float | None:
         return float(model_cfg.flops_per_token(self.data.seq_len))

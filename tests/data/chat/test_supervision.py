@@ -166,4 +166,5 @@ def test_merge_is_found_where_no_added_token_precedes_the_boundary(qwen_tokenize
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "the tide."}]
     [[sample]], stats = encode(qwen_tokenizer, [messages], chat_template=str(plain))
     assert stats.boundary_merges == 1
-    assert tok.decode([t for t in sample.labels.tolist() if t != IGNORE_INDEX]) == " the tide.\n"  # " the" holds the prompt's space
+    supervised = tok.decode([t for t in sample.labels.tolist() if t != IGNORE_INDEX])
+    assert supervised == " the tide.\n"  # " the" holds the prompt's space
