@@ -106,7 +106,7 @@ MALFORMED = [
     ('{"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}', "non-string content"),
     ('{"text": "no conversation here"}', "missing fields"),
     ('{"conversations": [{"from": "human"}]}', "missing fields"),
-    ('{"conversations": [{"from": "alien", "value": "x"}]}', "unknown role"),
+    ('{"conversations": [{"from": ["alien"], "value": "x"}]}', "unknown role"),
     ('{"instruction": "x"}', "missing fields"),
     ('{"messages": [{"role": "user"', "unparsable line"),
     ('[1, 2]', "not an object"),

@@ -237,7 +237,7 @@ def _openai(row: dict) -> list[Message]:
     for m in _turns(row, "messages"):
         if "role" not in m:
             raise Malformed("missing fields", "a message without a role")
-        if m["role"] not in ROLES:
+        if not isinstance(m["role"], str) or m["role"] not in ROLES:
             raise Malformed("unknown role", repr(m["role"]))
         message = {k: v for k, v in m.items() if v is not None}
         content = m.get("content")
@@ -254,7 +254,7 @@ def _sharegpt(row: dict) -> list[Message]:
     for m in _turns(row, "conversations"):
         if "from" not in m or "value" not in m:
             raise Malformed("missing fields", "a turn without 'from' and 'value'")
-        if m["from"] not in SHAREGPT_ROLES:
+        if not isinstance(m["from"], str) or m["from"] not in SHAREGPT_ROLES:
             raise Malformed("unknown role", repr(m["from"]))
         if not isinstance(m["value"], str):
             raise Malformed("non-string content", type(m["value"]).__name__)
