@@ -4,6 +4,8 @@ each assistant turn adds beyond the generation prompt, computed here with ``appl
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from longboat.data.chat.builtin import resolve_chat_template
 from longboat.data.chat.sources import Conversation
@@ -168,3 +170,27 @@ def test_merge_is_found_where_no_added_token_precedes_the_boundary(qwen_tokenize
     assert stats.boundary_merges == 1
     supervised = tok.decode([t for t in sample.labels.tolist() if t != IGNORE_INDEX])
     assert supervised == " the tide.\n"  # " the" holds the prompt's space
+
+
+PIECES = ["Hi", " hi", "hi ", "\n", "\nHi", "Hi\n", "\n\n", " ", "the tide", "<|im_end|>", "ok."]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(PIECES), st.sampled_from(PIECES)), min_size=1, max_size=3),
+       st.sampled_from(["qwen", "llama"]))
+def test_windowed_verification_finds_exactly_the_prefixes_whose_ids_differ(request, turns, which):
+    """Each prefix is tokenized from its last added token only; that must flag the same prefixes as tokenizing
+    the whole prefix does."""
+    tokenizer_dir = request.getfixturevalue(f"{which}_tokenizer")
+    tok = Tokenizer(tokenizer_dir)
+    messages = [m for user, reply in turns for m in ({"role": "user", "content": user},
+                                                     {"role": "assistant", "content": reply})]
+    template, _ = resolve_chat_template(tok, None)
+    full = tok.encode(template.render(messages))
+    expected = 0
+    for i in range(1, len(messages), 2):
+        for prefix in (template.render(messages[:i], add_generation_prompt=True), template.render(messages[: i + 1])):
+            ids = tok.encode(prefix)
+            expected += ids != full[: len(ids)]
+    _, stats = encode(tokenizer_dir, [messages])
+    assert stats.boundary_merges == expected
