@@ -198,3 +198,18 @@ def test_exports_chat_with_the_template_the_run_trained_with(tmp_path):
         assert hf.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False) == \
             "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         assert hf("Hi")["input_ids"] == transformers.AutoTokenizer.from_pretrained(TOKENIZER)("Hi")["input_ids"]
+
+
+def test_resuming_on_other_rows_warns(tmp_path, capsys):
+    a = write_jsonl(tmp_path / "a.jsonl", [chat(i) for i in range(12)])
+    first = resolve(tmp_path, f"data.sources=[{a}]", "data.valid_fraction=0")
+    first.task.build(first.model, first.cfg.train, 0, 1)
+    state = first.task.state_dict()
+    same = resolve(tmp_path, f"data.sources=[{a}]", "data.valid_fraction=0")
+    same.task.build(same.model, same.cfg.train, 0, 1)
+    same.task.load_state_dict(state)
+    assert "warning" not in capsys.readouterr().out
+    other = resolve(tmp_path, f"data.sources=[{a}]", "data.valid_fraction=0", "data.seq_len=64")
+    other.task.build(other.model, other.cfg.train, 0, 1)
+    other.task.load_state_dict(state)
+    assert "training rows differ from those the checkpoint was trained on" in capsys.readouterr().out

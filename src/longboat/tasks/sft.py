@@ -13,6 +13,7 @@ source's conversations (seeded, before weighting); ``valid_sources`` are held ou
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field, field_validator
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.chat.builtin import resolve_chat_template
-from longboat.data.chat.packing import pack, pad
+from longboat.data.chat.packing import ChatRows, pack, pad
 from longboat.data.chat.sources import Format, check_malformed, check_source, read_conversations
 from longboat.data.chat.supervision import ChatSupervisor, Sample
 from longboat.data.tokenizer import CHAT_TEMPLATE_FILE, CONFIG_FILE, Tokenizer
@@ -73,6 +75,10 @@ class SFT(Task):
     data_config = SFTDataConfig
     unit = "tokens"
     epochs = True
+
+    def __init__(self, data: SFTDataConfig):
+        super().__init__(data)
+        self._fingerprint: torch.Tensor | None = None  # of the training rows, kept in checkpoints
 
     def check(self, model_cfg) -> None:
         data: SFTDataConfig = self.data
@@ -141,6 +147,7 @@ class SFT(Task):
         if valid_rows is not None and len(valid_rows) < train_cfg.micro_batch_size * dp_size:
             raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
                               f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
+        self._fingerprint = _fingerprint(train_rows)
         summary = {"train_samples": len(train), "train_rows": len(train_rows),
                    "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
                    "valid_rows": len(valid_rows) if valid_rows is not None else 0,
@@ -164,6 +171,17 @@ class SFT(Task):
                 continue
             out.append(s)
         return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rows_fingerprint": self._fingerprint} if self._fingerprint is not None else {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Resuming reads the rows from where the checkpoint left off, by count: say so when they changed."""
+        saved = state.get("rows_fingerprint")
+        if saved is not None and self._fingerprint is not None and not torch.equal(saved, self._fingerprint):
+            console.print("[yellow]warning:[/] the training rows differ from those the checkpoint was trained on "
+                          "(sources, tokenizer, template or data options changed); training goes on from the "
+                          "checkpoint's position in the new rows")
 
     def flops_per_unit(self, model_cfg) -> float | None:
         return float(model_cfg.flops_per_token(self.data.seq_len))
@@ -194,6 +212,13 @@ def _weighted(indices: list[int], weight: float, rng: np.random.Generator, path:
         raise ConfigError(f"data.sources: {path}: weight {weight} keeps none of its {len(indices)} conversations")
     repeats, rest = divmod(target, len(indices)) if indices else (0, 0)
     return indices * repeats + sorted(indices[j] for j in rng.permutation(len(indices))[:rest])
+
+
+def _fingerprint(rows: ChatRows) -> torch.Tensor:
+    digest = hashlib.blake2b(digest_size=8)
+    for array in (rows.tokens, rows.labels, rows.starts, rows.row_starts, rows.row_samples):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return torch.from_numpy(np.frombuffer(digest.digest(), dtype=np.int64).copy())
 
 
 def _pad_id(tokenizer: Tokenizer) -> int | None:
