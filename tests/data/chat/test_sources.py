@@ -148,3 +148,18 @@ def test_malformed_fraction_is_a_strict_limit(tmp_path):
 def test_named_format_refuses_other_forms():
     with pytest.raises(Exception, match="missing fields"):
         normalise(ALPACA, "messages")
+
+
+TOOL = {"type": "function", "function": {"name": "get_tide", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_row_tools_are_read_as_a_list_or_its_json_string(tmp_path, kind):
+    rows = [{**OPENAI, "tools": json.dumps([TOOL])}, {**OPENAI, "tools": json.dumps([TOOL])},
+            {**OPENAI, "tools": "[{"}, {**OPENAI, "tools": "{}"}]
+    conversations, report = read_conversations(write(tmp_path / f"chat.{kind}", rows, kind))
+    assert [c.tools for c in conversations] == [[TOOL], [TOOL]]
+    assert report.malformed == {"unparsable tools": 2}
+    listed = write(tmp_path / "list.jsonl", [{**OPENAI, "tools": [TOOL]}, OPENAI], "jsonl")
+    conversations, _ = read_conversations(listed)
+    assert [c.tools for c in conversations] == [[TOOL], None]

@@ -194,3 +194,15 @@ def test_windowed_verification_finds_exactly_the_prefixes_whose_ids_differ(reque
             expected += ids != full[: len(ids)]
     _, stats = encode(tokenizer_dir, [messages])
     assert stats.boundary_merges == expected
+
+
+def test_a_conversations_own_tools_reach_the_template(qwen_tokenizer):
+    hf = transformers.AutoTokenizer.from_pretrained(qwen_tokenizer)
+    messages = CONVERSATIONS[2]
+    tok = Tokenizer(qwen_tokenizer)
+    template, _ = resolve_chat_template(tok, None)
+    [[sample], [without]], _ = ChatSupervisor(tok, template).encode([Conversation(messages, 1, TOOLS),
+                                                                     Conversation(messages, 2)])
+    ids, labels = reference(hf, messages, tools=TOOLS)
+    assert sample.tokens.tolist() == ids[:-1] and sample.labels.tolist() == labels[1:]
+    assert "# Tools" in tok.decode(sample.tokens.tolist()) and "# Tools" not in tok.decode(without.tokens.tolist())

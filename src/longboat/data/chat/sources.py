@@ -5,7 +5,8 @@ Three row forms are read, each normalised to a list of ``{"role", "content", ...
 - OpenAI ``messages``: roles system/user/assistant/tool; ``tool_calls``, ``name``, ``tool_call_id`` and any other
   message keys are kept as they are for the template (keys whose value is null are dropped, so a columnar file,
   which gives every message every key, reads like the jsonl it came from). An assistant message with
-  ``tool_calls`` may have null content, read as "".
+  ``tool_calls`` may have null content, read as "". A row's ``tools`` (a list, or its JSON string) reach the
+  template as ``tools``.
 - ShareGPT ``conversations`` of ``{"from", "value"}``: human→user, gpt→assistant, system, tool/function/
   observation→tool.
 - Alpaca ``instruction``, optional ``input`` (appended to the instruction after a blank line), ``output``,
@@ -82,6 +83,7 @@ class SourceReport:
 class Conversation:
     messages: list[Message]
     row: int  # where it came from in its source, for messages about it
+    tools: list[dict] | None = None  # the row's tool definitions, for the template
 
 
 def check_source(path: str | Path, split: str | None = None) -> None:
@@ -105,7 +107,7 @@ def read_conversations(path: str | Path, format: Format = "auto",
     for row, raw in _rows(Path(path), split, report):
         report.rows += 1
         try:
-            conversations.append(Conversation(normalise(raw, format), row))
+            conversations.append(Conversation(normalise(raw, format), row, row_tools(raw)))
         except Malformed as e:
             report.count(row, e.reason, raw, e.detail)
     return conversations, report
@@ -219,6 +221,19 @@ def normalise(row: Any, format: Format = "auto") -> list[Message]:
     if not any(m["role"] == "assistant" for m in messages):
         raise Malformed("no assistant turn")
     return messages
+
+
+def row_tools(row: dict) -> list[dict] | None:
+    """A row's ``tools``: a list of definitions, or that list as a JSON string (as columnar files often hold it)."""
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise Malformed("unparsable tools", str(e)) from None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise Malformed("unparsable tools", "expected a list of tool definitions")
+    return tools or None
 
 
 def _turns(row: dict, key: str) -> list:

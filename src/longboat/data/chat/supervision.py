@@ -81,8 +81,11 @@ class ChatSupervisor:
         self.kwargs = dict(template_kwargs or {})
         self.train_on, self.history_rewrite = train_on, history_rewrite
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **self.kwargs)
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False,
+               tools: list[dict] | None = None) -> str:
+        """The template's text; a conversation's own ``tools`` take the place of ``template_kwargs``' tools."""
+        kwargs = {**self.kwargs, "tools": tools} if tools else self.kwargs
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
     def encode(self, conversations: Sequence[Conversation], source: str = "") -> tuple[list[list[Sample]],
                                                                                       SupervisionStats]:
@@ -93,7 +96,7 @@ class ChatSupervisor:
             plans = []
             for i in range(start, min(start + _CHUNK, len(conversations))):
                 try:
-                    plans += self._plan(i, conversations[i].messages, stats)
+                    plans += self._plan(i, conversations[i], stats)
                 except SupervisionError as e:
                     raise SupervisionError(f"{source}: row {conversations[i].row}: {e}") from None
                 except (ChatTemplateError, TypeError) as e:  # a TypeError: e.g. the template adds a str and a list
@@ -102,15 +105,17 @@ class ChatSupervisor:
                 out[plan.conversation].append(sample)
         return out, stats
 
-    def _plan(self, index: int, messages: list[Message], stats: SupervisionStats) -> list[_Plan]:
-        full = self.render(messages)
+    def _plan(self, index: int, conversation: Conversation, stats: SupervisionStats) -> list[_Plan]:
+        messages = conversation.messages
+        render = functools.partial(self.render, tools=conversation.tools)
+        full = render(messages)
         if self.train_on == "all":
             return [_Plan(index, full, [(0, len(full))], [])]
         turns = []  # (rendering before the turn with the generation prompt, rendering through the turn)
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            before, through = self.render(messages[:i], add_generation_prompt=True), self.render(messages[: i + 1])
+            before, through = render(messages[:i], add_generation_prompt=True), render(messages[: i + 1])
             if not through.startswith(before):  # e.g. a reasoning turn where template_kwargs turn thinking off
                 raise ChatTemplateError(
                     f"the generation prompt does not open assistant turn {i} as the template renders it (the prompt "
