@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from longboat.checkpoint.export import save_export
+from longboat.data.tokenizer import TOKENIZER_FILES
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
 from longboat.distributed import shutdown
 from longboat.models.lora import apply_lora
@@ -152,4 +153,8 @@ def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_
         tokenizer_dir = Path(assets["tokenizer.json"]).parent if isinstance(assets.get("tokenizer.json"), Path) else None
         out = resolved.spec.hf.save(weights, hf_family, Path(cfg.run_dir) / "hf", resolved.model,
                                     tokenizer_dir=tokenizer_dir)
+        # Tokenizer files the task rewrote (e.g. the chat template the run trained with) replace the copies.
+        for name, content in assets.items():
+            if name in TOKENIZER_FILES and isinstance(content, bytes):
+                (Path(out) / name).write_bytes(content)
         console.print(f"exported Hugging Face checkpoint to {out}")

@@ -42,7 +42,7 @@ def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample:
         logits = model(batch["tokens"], positions) if segments is None else model(batch["tokens"], positions,
                                                                                   None, segments)
         labels = batch["labels"]
-        units = (segments > 0).sum() if segments is not None else labels.numel()
+        units = int((segments > 0).sum()) if segments is not None else labels.numel()
         if per_sample:
             loss_sum, count = _per_sample_loss(logits, labels, segments)
         else:

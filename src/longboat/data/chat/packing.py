@@ -1,0 +1,94 @@
+"""Rows of ``seq_len`` tokens from variable-length samples: packed (best-fit decreasing) or one sample per row.
+
+A row holds ``tokens`` (``pad_id`` after the last sample), ``labels`` (IGNORE_INDEX on padding), ``position_ids``
+(restarting at 0 for every sample) and ``segments`` (1..k for the k samples of the row, 0 on padding), which the
+decoder's block-diagonal attention and the loss read. Packing is deterministic: the same samples give the same
+rows, so it is done once and the loader reshuffles the rows every epoch.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from longboat.data.chat.supervision import Sample
+from longboat.data.labels import IGNORE_INDEX
+
+
+def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of sample indices, each holding at most ``capacity`` tokens.
+
+    Longest first (ties by index), each sample goes to the open bin it fills most tightly, else to a new bin.
+    """
+    if any(n > capacity or n <= 0 for n in lengths):
+        raise ValueError(f"every length must be in 1..{capacity}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, bin), sorted: the tightest fit is the first with room >= n
+    for i in order:
+        n = lengths[i]
+        k = bisect.bisect_left(free, (n, -1))
+        if k < len(free):
+            room, b = free.pop(k)
+        else:
+            room, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        if room - n > 0:
+            bisect.insort(free, (room - n, b))
+    return bins
+
+
+class ChatRows(Dataset):
+    """Rows of samples: ``rows[r]`` lists the samples laid out, in order, in row ``r``."""
+
+    def __init__(self, samples: Sequence[Sample], rows: list[list[int]], seq_len: int, pad_id: int):
+        self.seq_len, self.pad_id = seq_len, pad_id
+        # Flat arrays: cheap to pickle into loader workers, no per-sample Python objects.
+        lengths = np.array([len(s) for s in samples], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(lengths)])
+        self.tokens = np.concatenate([s.tokens for s in samples]) if samples else np.zeros(0, np.int32)
+        self.labels = np.concatenate([s.labels for s in samples]) if samples else np.zeros(0, np.int32)
+        self.row_starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+        self.row_samples = np.array([i for r in rows for i in r], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.row_starts) - 1
+
+    def __getitem__(self, r: int) -> dict[str, torch.Tensor]:
+        tokens = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+        labels = np.full(self.seq_len, IGNORE_INDEX, dtype=np.int64)
+        positions = np.zeros(self.seq_len, dtype=np.int64)
+        segments = np.zeros(self.seq_len, dtype=np.int64)
+        at = 0
+        for k, i in enumerate(self.row_samples[self.row_starts[r]:self.row_starts[r + 1]], start=1):
+            a, b = self.starts[i], self.starts[i + 1]
+            n = b - a
+            tokens[at:at + n] = self.tokens[a:b]
+            labels[at:at + n] = self.labels[a:b]
+            positions[at:at + n] = np.arange(n)
+            segments[at:at + n] = k
+            at += n
+        return {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
+                "position_ids": torch.from_numpy(positions), "segments": torch.from_numpy(segments)}
+
+    @property
+    def efficiency(self) -> float:
+        """The fraction of row positions that hold tokens rather than padding."""
+        return len(self.tokens) / max(len(self) * self.seq_len, 1)
+
+
+def pack(samples: Sequence[Sample], seq_len: int, pad_id: int) -> ChatRows:
+    """Samples packed into as few rows as best-fit decreasing finds."""
+    return ChatRows(samples, best_fit_decreasing([len(s) for s in samples], seq_len), seq_len, pad_id)
+
+
+def pad(samples: Sequence[Sample], seq_len: int, pad_id: int) -> ChatRows:
+    """One sample per row, padded to ``seq_len``."""
+    if any(len(s) > seq_len for s in samples):
+        raise ValueError(f"every sample must hold at most {seq_len} tokens")
+    return ChatRows(samples, [[i] for i in range(len(samples))], seq_len, pad_id)

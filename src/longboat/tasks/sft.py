@@ -1,0 +1,225 @@
+"""Supervised fine-tuning on conversations: chat-template rendering, assistant-only labels, packed rows.
+
+Sources are read, normalised and checked for malformed rows; each conversation is rendered with the chat template
+and tokenized with labels on the assistant turns (``data/chat/supervision.py``); samples longer than ``seq_len``
+are dropped or truncated; the rest are packed into rows (or padded one per row) once, and read in epochs.
+
+Mixing: a source of ``n`` conversations with ``weight: w`` contributes ``round(w * n)`` of them to the training
+set: ``w >= 1`` repeats every conversation ``floor(w)`` times and draws the remainder without replacement,
+``w < 1`` draws a subset, both seeded by the run's seed. The draw is made once per run (the rows are packed
+once) and every epoch reads those rows in a fresh order. ``valid_fraction`` holds out that fraction of each
+source's conversations (seeded, before weighting); ``valid_sources`` are held out whole (their weights unused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+
+from longboat.config.base import ConfigError, StrictModel
+from longboat.data.chat.builtin import resolve_chat_template
+from longboat.data.chat.packing import ChatRows, pack, pad
+from longboat.data.chat.sources import Format, check_malformed, check_source, read_conversations
+from longboat.data.chat.supervision import ChatSupervisor, Sample
+from longboat.data.tokenizer import CHAT_TEMPLATE_FILE, CONFIG_FILE, Tokenizer
+from longboat.tasks.base import Task, TaskData, register_task
+from longboat.tasks.lm_loss import make_lm_loss
+from longboat.tasks.pretrain import tokenizer_assets
+from longboat.utils.logging import console
+
+
+class ChatSource(StrictModel):
+    path: str = Field(description="jsonl, json, parquet, or a datasets save_to_disk directory")
+    weight: float = Field(default=1.0, gt=0, description="share: round(weight * conversations) per epoch")
+    format: Format = "auto"
+    split: str | None = Field(default=None, description="the split of a DatasetDict directory")
+
+
+class SFTDataConfig(StrictModel):
+    tokenizer: str = Field(description="HF tokenizer directory (tokenizer.json)")
+    chat_template: str | None = Field(default=None, description="null: the tokenizer's; a built-in name; a .jinja")
+    template_kwargs: dict = Field(default_factory=dict, description="extra template variables (enable_thinking)")
+    sources: list[ChatSource] = Field(min_length=1)
+    valid_sources: list[ChatSource] = Field(default_factory=list)
+    valid_fraction: float = Field(default=0.0, ge=0, lt=1)
+    seq_len: int = Field(gt=0)
+    packing: bool = True
+    train_on: Literal["assistant", "all"] = "assistant"
+    loss_normalization: Literal["tokens", "samples"] = "tokens"
+    truncation: Literal["drop", "truncate"] = "drop"
+    history_rewrite: Literal["per_turn", "error"] = "per_turn"
+    max_malformed_fraction: float = Field(default=0.01, ge=0, le=1)
+
+    @field_validator("sources", "valid_sources", mode="before")
+    @classmethod
+    def _plain_sources(cls, v):
+        """Accept ``[path, ...]`` and a single path besides mappings."""
+        if isinstance(v, str):
+            v = [v]
+        return [{"path": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+
+
+@register_task("sft")
+class SFT(Task):
+    """Fine-tuning on chat conversations, supervising the assistant's turns."""
+
+    data_config = SFTDataConfig
+    unit = "tokens"
+    epochs = True
+
+    def __init__(self, data: SFTDataConfig):
+        super().__init__(data)
+        self._fingerprint: torch.Tensor | None = None  # of the training rows, kept in checkpoints
+
+    def check(self, model_cfg) -> None:
+        data: SFTDataConfig = self.data
+        if data.seq_len > model_cfg.max_seq_len:
+            raise ConfigError(f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+                              "lower data.seq_len or raise model.max_seq_len")
+        tokenizer = Tokenizer(data.tokenizer)
+        if tokenizer.vocab_size > model_cfg.vocab_size:
+            raise ConfigError(
+                f"data.tokenizer: {data.tokenizer} has {tokenizer.vocab_size} tokens, more than the model's "
+                f"embedding (model.vocab_size={model_cfg.vocab_size}); raise model.vocab_size to at least "
+                f"{tokenizer.vocab_size}"
+            )
+        if _pad_id(tokenizer) is None:
+            raise ConfigError(f"data.tokenizer: {data.tokenizer} names neither a pad nor an eos token to pad rows with")
+        resolve_chat_template(tokenizer, data.chat_template)
+        for key, sources in (("sources", data.sources), ("valid_sources", data.valid_sources)):
+            for i, s in enumerate(sources):
+                try:
+                    check_source(s.path, s.split)
+                except ValueError as e:
+                    raise ConfigError(f"data.{key}[{i}]: {e}") from None
+
+    def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
+        data: SFTDataConfig = self.data
+        tokenizer = Tokenizer(data.tokenizer)
+        template, _ = resolve_chat_template(tokenizer, data.chat_template)
+        supervisor = ChatSupervisor(tokenizer, template, data.template_kwargs, data.train_on, data.history_rewrite)
+        train: list[Sample] = []
+        valid: list[Sample] = []
+        counts: Counter = Counter()  # over each source's conversations once, before weighting
+        encoding_s, n_conversations = 0.0, 0
+        for k, source in enumerate(data.sources + data.valid_sources):
+            conversations, report = read_conversations(source.path, source.format, source.split)
+            check_malformed(report, data.max_malformed_fraction)
+            started = time.perf_counter()
+            encoded, stats = supervisor.encode(conversations, source.path)
+            encoding_s += time.perf_counter() - started
+            n_conversations += len(conversations)
+            for i, why in stats.rejected.items():
+                report.count(conversations[i].row, "rejected by template", conversations[i].messages, why)
+            check_malformed(report, data.max_malformed_fraction)
+            counts["boundary merges"] += stats.boundary_merges
+            console.print(f"{source.path}: {report.rows - report.n_malformed} conversations"
+                          + (f" · malformed {report.describe()}" if report.n_malformed else "")
+                          + (f" · {stats.per_turn} split per turn (history rewrite)" if stats.per_turn else ""))
+            fitted = {i: self._fit(encoded[i], counts) for i in range(len(conversations)) if i not in stats.rejected}
+            kept = list(fitted)
+            if k >= len(data.sources):  # a validation source
+                valid += [s for i in kept for s in fitted[i]]
+                continue
+            rng = np.random.default_rng([seed, k])
+            order = rng.permutation(len(kept))
+            n_valid = round(data.valid_fraction * len(kept))
+            valid += [s for j in sorted(order[:n_valid]) for s in fitted[kept[j]]]
+            chosen = _weighted([kept[j] for j in sorted(order[n_valid:])], source.weight, rng, source.path)
+            train += [s for i in chosen for s in fitted[i]]
+        if not train:
+            raise ConfigError(f"data: no training sample fits data.seq_len={data.seq_len} "
+                              f"({counts['dropped (too long)']} dropped as too long, "
+                              f"{counts['no supervised token']} with no supervised token)")
+        layout = pack if data.packing else pad
+        pad_id = _pad_id(tokenizer)
+        train_rows = layout(train, data.seq_len, pad_id)
+        valid_rows = layout(valid, data.seq_len, pad_id) if valid else None
+        if valid_rows is not None and len(valid_rows) < train_cfg.micro_batch_size * dp_size:
+            raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
+                              f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
+        self._fingerprint = _fingerprint(train_rows)
+        summary = {"train_samples": len(train), "train_rows": len(train_rows),
+                   "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
+                   "valid_rows": len(valid_rows) if valid_rows is not None else 0,
+                   **{name: n for name, n in counts.items() if n},
+                   "tokenized": f"{n_conversations / max(encoding_s, 1e-9):.0f} conversations/s"}
+        return TaskData(train_rows, valid_rows,
+                        make_lm_loss(True, True, per_sample=data.loss_normalization == "samples"), summary)
+
+    def _fit(self, samples: list[Sample], counts: Counter) -> list[Sample]:
+        """The samples fitted to ``seq_len`` (dropped or truncated) that still supervise a token."""
+        seq_len, truncate = self.data.seq_len, self.data.truncation == "truncate"
+        out = []
+        for s in samples:
+            if len(s) > seq_len:
+                counts["truncated" if truncate else "dropped (too long)"] += 1
+                if not truncate:
+                    continue
+                s = Sample(s.tokens[:seq_len], s.labels[:seq_len])
+            if not (s.labels >= 0).any():
+                counts["no supervised token"] += 1
+                continue
+            out.append(s)
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rows_fingerprint": self._fingerprint} if self._fingerprint is not None else {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Resuming reads the rows from where the checkpoint left off, by count: say so when they changed."""
+        saved = state.get("rows_fingerprint")
+        if saved is not None and self._fingerprint is not None and not torch.equal(saved, self._fingerprint):
+            console.print("[yellow]warning:[/] the training rows differ from those the checkpoint was trained on "
+                          "(sources, tokenizer, template or data options changed); training goes on from the "
+                          "checkpoint's position in the new rows")
+
+    def flops_per_unit(self, model_cfg) -> float | None:
+        return float(model_cfg.flops_per_token(self.data.seq_len))
+
+    def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **metrics}
+
+    def export_assets(self) -> dict[str, Path | bytes]:
+        """The tokenizer files and, when the template is not the tokenizer's own, that template as
+        ``chat_template.jinja`` (with the tokenizer config's own template removed, so loaders find only ours)."""
+        assets = tokenizer_assets(self.data.tokenizer)
+        if self.data.chat_template is None:
+            return assets
+        template, _ = resolve_chat_template(Tokenizer(self.data.tokenizer), self.data.chat_template)
+        assets[CHAT_TEMPLATE_FILE] = template.source.encode("utf-8")
+        config_file = Path(self.data.tokenizer) / CONFIG_FILE
+        if config_file.is_file():
+            config = json.loads(config_file.read_text("utf-8"))
+            config.pop("chat_template", None)
+            assets[CONFIG_FILE] = (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        return assets
+
+
+def _weighted(indices: list[int], weight: float, rng: np.random.Generator, path: str) -> list[int]:
+    """``round(weight * len(indices))`` of ``indices``: whole repeats, then a draw without replacement."""
+    target = round(weight * len(indices))
+    if indices and target == 0:
+        raise ConfigError(f"data.sources: {path}: weight {weight} keeps none of its {len(indices)} conversations")
+    repeats, rest = divmod(target, len(indices)) if indices else (0, 0)
+    return indices * repeats + sorted(indices[j] for j in rng.permutation(len(indices))[:rest])
+
+
+def _fingerprint(rows: ChatRows) -> torch.Tensor:
+    digest = hashlib.blake2b(digest_size=8)
+    for array in (rows.tokens, rows.labels, rows.starts, rows.row_starts, rows.row_samples):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return torch.from_numpy(np.frombuffer(digest.digest(), dtype=np.int64).copy())
+
+
+def _pad_id(tokenizer: Tokenizer) -> int | None:
+    return tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
