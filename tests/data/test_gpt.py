@@ -106,7 +106,7 @@ def assert_same_samples(ours, theirs, check_segments=False):
         if "dataset_id" in b:
             assert int(a["dataset_id"]) == int(b["dataset_id"]), i
         if check_segments:
-            seg = a["segment_ids"]
+            seg = a["segments"]
             allowed = torch.tril(seg[:, None] == seg[None, :])
             assert torch.equal(~allowed, b["attention_mask"][0]), i
 
@@ -180,7 +180,7 @@ def test_masks_positions_and_pad_match_megatron(tmp_path, mcore, one_thread):
     ours = build_gpt_datasets([(prefix, 1.0)], None, sizes, cfg)
     for a, b in zip(ours, megatron_build([prefix], None, "80,15,5", sizes, cfg, attention_mask=True)):
         assert_same_samples(a, b, check_segments=True)
-    assert ours[0][0]["segment_ids"].shape == (SEQ,)
+    assert ours[0][0]["segments"].shape == (SEQ,)
 
 
 def test_no_extra_token_and_partial_validation_sample_match_megatron(tmp_path, mcore):

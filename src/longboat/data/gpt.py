@@ -55,7 +55,7 @@ class GPTDatasetConfig(StrictModel):
     eod_id: int = Field(description="end-of-document token (Megatron: tokenizer.eod)")
     pad_id: int | None = Field(None, description="its tokens are loss-masked (Megatron: tokenizer.pad)")
     reset_position_ids: bool = False
-    reset_attention_mask: bool = Field(False, description="emit segment_ids: attention stays within a document")
+    reset_attention_mask: bool = Field(False, description="emit segments: attention stays within a document")
     eod_mask_loss: bool = Field(False, description="zero the loss where the input token is EOD")
     add_extra_token: bool = Field(True, description="draw seq_len + 1 tokens (Megatron: add_extra_token_to_sequence)")
     drop_last_partial_validation_sequence: bool = True
@@ -325,8 +325,9 @@ def make_example(chunk: np.ndarray, config: GPTDatasetConfig, pad: int) -> dict[
             positions -= np.maximum.accumulate(np.where(doc_start, positions, 0))
         if config.reset_attention_mask:
             # Megatron's [T, T] mask is causal and blocks attention across an EOD; that is exactly
-            # "causal within equal segment ids", which this compact form carries.
-            out["segment_ids"] = torch.from_numpy(np.cumsum(doc_start, dtype=np.int64))
+            # "causal within equal segment ids", which this compact form carries. Ids start at 1: 0 means
+            # padding to the loss, and a short sample's pad tokens stay in its last document, as in Megatron.
+            out["segments"] = torch.from_numpy(np.cumsum(doc_start, dtype=np.int64) + 1)
     tokens[tokens == pad] = 0  # the embedding must accept every input id
     labels[loss_mask == 0.0] = IGNORE_INDEX
     return {

@@ -29,7 +29,10 @@ class PretrainDataConfig(StrictModel):
     split: str = "969,30,1"
     seq_len: int = Field(gt=0)
     eod_mask_loss: bool = False
-    reset_position_ids: bool = False
+    reset_position_ids: bool = Field(default=False, description="positions restart at 0 after each end-of-document")
+    reset_attention_mask: bool = Field(
+        default=False, description="attention stays within each document of a sample (Megatron's reset_attention_mask)"
+    )
     cache_dir: str | None = Field(default=None, description="index cache (default: beside the first token file)")
 
     @field_validator("split")
@@ -108,6 +111,7 @@ class Pretrain(Task):
             eod_id=tokenizer.eos_id,
             eod_mask_loss=data.eod_mask_loss,
             reset_position_ids=data.reset_position_ids,
+            reset_attention_mask=data.reset_attention_mask,
             cache_dir=cache_dir,
         )
         train, valid, _ = build_gpt_datasets(
@@ -119,7 +123,7 @@ class Pretrain(Task):
         return TaskData(
             train=train,
             valid=valid,
-            loss_fn=make_lm_loss(data.reset_position_ids),
+            loss_fn=make_lm_loss(data.reset_position_ids, use_segments=data.reset_attention_mask),
             # Only what will be used: no validation split (weight 0) or no evaluation means no validation samples.
             summary={"train_samples": n_train, "valid_samples": n_valid if valid is not None else 0,
                      "global_batch": global_batch},
