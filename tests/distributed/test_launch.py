@@ -61,3 +61,27 @@ def test_gpu_benchmark_dry_run_on_cpu(tmp_path):
     out = finish(proc, log, timeout=300)
     assert proc.returncode == 0, out[-6000:]
     assert "tokens/s" in out and "MFU" in out and "compile True" in out
+
+
+def test_pretraining_within_documents_on_two_ranks_matches_one_process(corpus, tmp_path):
+    """``data.reset_attention_mask``: FSDP2 and tensor parallelism (the mask passes the attention's
+    PrepareModuleInput untouched) follow the single-process loss curve over the same global batches."""
+    common = ["train.steps=3", "train.num_workers=0", "train.eval_batches=0", "checkpoint.export=false",
+              "data.reset_attention_mask=true", "data.reset_position_ids=true"]
+    layouts = {  # 8 samples per step in each: micro-batches of 4, over two ranks or two accumulation steps
+        "single": ([], ["train.grad_accum=2"]),
+        "fsdp": (["--nproc", "2"], []),
+        "tp": (["--nproc", "2"], ["parallel.tp=2", "train.grad_accum=2"]),
+    }
+    procs = {}
+    for name, (launch, extra) in layouts.items():
+        args = tiny_run_args(tmp_path / name, corpus, *common, *extra)
+        procs[name] = start([sys.executable, "-m", "longboat", "train", *launch, *args[1:]], tmp_path / f"{name}.log")
+    logs = {name: finish(proc, tmp_path / f"{name}.log", timeout=300) for name, proc in procs.items()}
+    for name, proc in procs.items():
+        assert proc.returncode == 0, logs[name][-6000:]
+    assert "tp 2" in logs["tp"] and "dp_shard 2" in logs["fsdp"]
+    curves = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in layouts}
+    assert len(curves["single"]) == 3
+    for name in ("fsdp", "tp"):
+        torch.testing.assert_close(curves[name], curves["single"], atol=1e-5, rtol=1e-5, msg=name)
