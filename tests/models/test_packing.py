@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from longboat.data.labels import IGNORE_INDEX
 from longboat.models.llm import Decoder, DecoderConfig
-from longboat.models.llm.model import segment_attention_mask
+from longboat.models.llm.model import one_document_per_row, segment_attention_mask
 from longboat.tasks.lm_loss import make_lm_loss
 
 VOCAB, SEQ = 64, 48
@@ -197,3 +197,22 @@ def test_segments_with_a_kv_cache_are_refused(name):
     tokens = torch.randint(0, VOCAB, (1, 5))
     with pytest.raises(ValueError, match="segments .* not cached decoding"):
         model(tokens, cache=model.make_cache(1, 8), segments=torch.ones_like(tokens))
+
+
+@pytest.mark.parametrize("rows, single", [
+    ([[1, 1, 1, 0, 0], [2, 2, 2, 2, 2], [0, 0, 0, 0, 0]], True),
+    ([[1, 1, 2, 2, 0]], False),  # two documents
+    ([[0, 0, 1, 1, 1]], False),  # left padding: causal attention would let the document see the padding
+    ([[1, 1, 0, 1, 1]], False),
+])
+def test_one_document_per_row_is_recognised(rows, single):
+    assert one_document_per_row(torch.tensor(rows)) is single
+
+
+@pytest.mark.parametrize("per_sample", [False, True], ids=["summed-tokens", "per-sample"])
+def test_one_document_per_row_with_padding_equals_documents_alone(per_sample):
+    """Padded rows of one document each take SDPA's causal path and still match the documents alone."""
+    lengths = [30, 12, 5]
+    docs = make_documents(lengths, seed=3)
+    assert one_document_per_row(pack(docs, [[0], [1], [2]], SEQ)["segments"])
+    assert_packed_equals_alone(build("dense-gqa"), docs, [[0], [1], [2]], per_sample)

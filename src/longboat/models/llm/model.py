@@ -32,6 +32,16 @@ def segment_attention_mask(segments: torch.Tensor) -> torch.Tensor:
     return ((segments[:, :, None] == segments[:, None, :]) & causal)[:, None]
 
 
+def one_document_per_row(segments: torch.Tensor) -> bool:
+    """Whether each row of segment ids [B, T] is one document followed only by padding (0).
+
+    Causal attention is then exact for every document position, and SDPA's causal kernels skip the masked
+    half of the scores that a [T, T] mask makes them compute.
+    """
+    first = segments[:, :1]
+    return bool(((segments == first) | (segments == 0)).all() and (segments[:, 1:] <= segments[:, :-1]).all())
+
+
 class Attention(nn.Module):
     """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads."""
 
@@ -226,12 +236,14 @@ class Decoder(nn.Module):
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
         ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding. ``segments``
-        [B, T] (packed documents): a position attends only to earlier positions with the same segment id.
+        [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
+        states of padding positions (segment 0) are unspecified.
         """
         if segments is not None and cache is not None:
             raise ValueError("segments (packed documents) are for training and scoring, not cached decoding")
         cos, sin = self._rope(tokens.shape[1], positions, cache)
-        mask = segment_attention_mask(segments) if segments is not None else None
+        masked = segments is not None and not one_document_per_row(segments)
+        mask = segment_attention_mask(segments) if masked else None
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin, cache, mask)
