@@ -1,8 +1,8 @@
 """Packed against padded fine-tuning: how much of each row is real tokens, and the Trainer's real-token throughput.
 
-Sample lengths follow a chat-like lognormal distribution (median ``--median`` tokens, cut at ``--seq-len``). Packing
-is best-fit decreasing into rows of ``--seq-len``, each document with its own segment id and positions from 0;
-padding puts one sample per row. Efficiency is the non-padding share of the rows (also shown for padding to the
+Sample lengths follow a chat-like lognormal distribution (median ``--median`` tokens, cut at ``--seq-len``). Rows are
+the SFT task's (``longboat.data.chat.packing``): packed best-fit decreasing, each sample with its own segment id and
+positions from 0, or one sample per row. Efficiency is the non-padding share of the rows (also shown for padding to the
 longest sample of each group of ``--pad-batch``). Throughput is ``Trainer.train_step()`` as training runs it (batch
 fetch, the LM loss with segments, backward, clipping, AdamW) on rows of ``--seq-len``: steps of the two alternate,
 and real tokens/s is the rows' non-padding share over all samples times the tokens of a step, divided by the
@@ -15,15 +15,15 @@ median step time (a step's cost does not depend on how much of it is padding; it
 from __future__ import annotations
 
 import argparse
-import bisect
 import statistics
 import tempfile
 import time
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
+from longboat.data.chat.packing import ChatRows, best_fit_decreasing
+from longboat.data.chat.supervision import Sample
 from longboat.data.labels import IGNORE_INDEX
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.tasks.lm_loss import make_lm_loss
@@ -33,26 +33,8 @@ from longboat.trainer.schedule import ScheduleConfig
 from longboat.trainer.trainer import Trainer
 
 
-def best_fit_decreasing(lengths: list[int], seq_len: int) -> list[list[int]]:
-    """Sample indices per row: longest first, each into the row with the least room that still fits it."""
-    rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (room left, row), sorted
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        at = bisect.bisect_left(free, (lengths[i], -1))
-        if at == len(free):
-            rows.append([i])
-            room, row = seq_len - lengths[i], len(rows) - 1
-        else:
-            room, row = free.pop(at)
-            rows[row].append(i)
-            room -= lengths[i]
-        if room > 0:
-            bisect.insort(free, (room, row))
-    return rows
-
-
-def pack_samples(lengths: list[int], seq_len: int) -> list[list[int]]:
-    """The one place the benchmark packs; switch it to the library's packer when there is one."""
+def pack_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
+    """The one place the benchmark packs: the SFT task's best-fit decreasing."""
     return best_fit_decreasing(lengths, seq_len)
 
 
@@ -61,33 +43,15 @@ def sample_lengths(n: int, median: float, sigma: float, seq_len: int, seed: int)
     return np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), 2, seq_len).astype(int).tolist()
 
 
-class Rows(Dataset):
-    """Rows of ``seq_len`` positions holding the given samples, as an SFT data layer serves them."""
-
-    def __init__(self, rows: list[list[int]], lengths: list[int], seq_len: int, vocab: int, seed: int):
-        self.rows, self.lengths, self.seq_len, self.vocab, self.seed = rows, lengths, seq_len, vocab, seed
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, r: int) -> dict[str, torch.Tensor]:
-        T = self.seq_len
-        out = {"tokens": torch.zeros(T, dtype=torch.long), "labels": torch.full((T,), IGNORE_INDEX),
-               "position_ids": torch.zeros(T, dtype=torch.long), "segments": torch.zeros(T, dtype=torch.long)}
-        at = 0
-        for seg, i in enumerate(self.rows[r], start=1):
-            n = self.lengths[i]
-            g = torch.Generator().manual_seed(self.seed + i)
-            out["tokens"][at : at + n] = torch.randint(0, self.vocab, (n,), generator=g)
-            out["labels"][at + n // 4 : at + n] = torch.randint(0, self.vocab, (n - n // 4,), generator=g)  # prompt
-            out["position_ids"][at : at + n] = torch.arange(n)
-            out["segments"][at : at + n] = seg
-            at += n
-        return out
-
-
-def efficiency(rows: list[list[int]], lengths: list[int], row_len) -> float:
-    return sum(lengths) / sum(row_len(r) for r in rows)
+def make_samples(lengths: list[int], vocab: int, seed: int) -> list[Sample]:
+    """Random tokens; the first quarter of each sample (its prompt) is unsupervised."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for n in lengths:
+        labels = rng.integers(0, vocab, n, dtype=np.int32)
+        labels[: n // 4] = IGNORE_INDEX
+        samples.append(Sample(rng.integers(0, vocab, n, dtype=np.int32), labels))
+    return samples
 
 
 def parse_args() -> argparse.Namespace:
@@ -113,7 +77,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def make_trainer(args, dataset: Rows, run_dir: str) -> Trainer:
+def make_trainer(args, dataset: ChatRows, run_dir: str) -> Trainer:
     cfg = DecoderConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                         n_kv_heads=args.kv_heads, ffn_dim=args.ffn, max_seq_len=args.seq_len)
     torch.manual_seed(0)
@@ -129,14 +93,15 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     lengths = sample_lengths(args.samples, args.median, args.sigma, args.seq_len, args.seed)
-    packed = pack_samples(lengths, args.seq_len)
+    packed = pack_rows(lengths, args.seq_len)
     single = [[i] for i in range(len(lengths))]
     by_batch = [single[i : i + args.pad_batch] for i in range(0, len(single), args.pad_batch)]
     longest = sum(len(b) * max(lengths[r[0]] for r in b) for b in by_batch)
     print(f"{len(lengths)} samples, lognormal median {args.median:g} sigma {args.sigma:g}, cut at {args.seq_len}: "
           f"mean {np.mean(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f} tokens")
-    share = {"packed": efficiency(packed, lengths, lambda r: args.seq_len),
-             "padded": efficiency(single, lengths, lambda r: args.seq_len)}
+    samples = make_samples(lengths, args.vocab, args.seed)
+    share = {"packed": ChatRows(samples, packed, args.seq_len, 0).efficiency,
+             "padded": ChatRows(samples, single, args.seq_len, 0).efficiency}
     print(f"non-padding share  packed (BFD, {len(packed)} rows) {share['packed']:.3f}  one per row {share['padded']:.3f}"
           f"  one per row, padded to the longest of {args.pad_batch} {sum(lengths) / longest:.3f}")
 
@@ -148,8 +113,8 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
         trainers = {
-            "packed": make_trainer(args, Rows(timed_packed, lengths, args.seq_len, args.vocab, args.seed), d1),
-            "padded": make_trainer(args, Rows(timed_single, lengths, args.seq_len, args.vocab, args.seed), d2),
+            "packed": make_trainer(args, ChatRows(samples, timed_packed, args.seq_len, 0), d1),
+            "padded": make_trainer(args, ChatRows(samples, timed_single, args.seq_len, 0), d2),
         }
         seconds: dict[str, list[float]] = {name: [] for name in trainers}
         for step in range(steps):
