@@ -12,7 +12,7 @@ from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.model import segment_attention_mask
 from longboat.tasks.pretrain import Pretrain, PretrainDataConfig
 from longboat.trainer.config import TrainerConfig
-from tests.data.test_gpt import megatron_build
+from tests.data.test_gpt import megatron_build, one_thread  # noqa: F401 (a fixture)
 
 SEQ, BATCH = 96, 8
 
@@ -26,7 +26,7 @@ def forward_with_mask(model: Decoder, tokens, positions, allowed) -> torch.Tenso
     return F.linear(model.norm(h), model.output_weight)
 
 
-def test_reset_attention_mask_is_megatrons_mask_applied_in_the_model(corpus, tmp_path):
+def test_reset_attention_mask_is_megatrons_mask_applied_in_the_model(corpus, tmp_path, one_thread):
     tokenizer, prefix = corpus
     data = PretrainDataConfig(tokenizer=str(tokenizer), paths=[prefix], seq_len=SEQ, eod_mask_loss=True,
                               reset_position_ids=True, reset_attention_mask=True, cache_dir=str(tmp_path))
