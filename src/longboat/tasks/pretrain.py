@@ -61,15 +61,7 @@ class PretrainDataConfig(StrictModel):
 def check_inputs(cfg: PretrainDataConfig, model_cfg) -> Tokenizer:
     """Fail before any work if a file is missing, or the tokenizer, the token ids or the sequence length do not
     fit the model."""
-    if cfg.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(f"data.seq_len={cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
-                          "lower data.seq_len or raise model.max_seq_len")
-    tokenizer = Tokenizer(cfg.tokenizer)
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ConfigError(
-            f"data.tokenizer: {cfg.tokenizer} has {tokenizer.vocab_size} tokens, more than the model's embedding "
-            f"(model.vocab_size={model_cfg.vocab_size}); raise model.vocab_size to at least {tokenizer.vocab_size}"
-        )
+    tokenizer = tokenizer_fitting(cfg.tokenizer, cfg.seq_len, model_cfg)
     if tokenizer.eos_id is None:
         raise ConfigError(f"data.tokenizer: {cfg.tokenizer} defines no end-of-document (eos) token")
     for entry in cfg.paths:
@@ -80,6 +72,20 @@ def check_inputs(cfg: PretrainDataConfig, model_cfg) -> Tokenizer:
         if top >= model_cfg.vocab_size:
             raise ConfigError(f"data.paths: {prefix}.bin holds token id {top}, beyond the model's embedding "
                               f"(model.vocab_size={model_cfg.vocab_size}); was it tokenized with another tokenizer?")
+    return tokenizer
+
+
+def tokenizer_fitting(tokenizer_dir: str, seq_len: int, model_cfg) -> Tokenizer:
+    """The tokenizer of ``data.tokenizer``, after checking that it and ``data.seq_len`` fit the model."""
+    if seq_len > model_cfg.max_seq_len:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+                          "lower data.seq_len or raise model.max_seq_len")
+    tokenizer = Tokenizer(tokenizer_dir)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(
+            f"data.tokenizer: {tokenizer_dir} has {tokenizer.vocab_size} tokens, more than the model's embedding "
+            f"(model.vocab_size={model_cfg.vocab_size}); raise model.vocab_size to at least {tokenizer.vocab_size}"
+        )
     return tokenizer
 
 

@@ -33,7 +33,7 @@ from longboat.data.chat.supervision import ChatSupervisor, Sample
 from longboat.data.tokenizer import CHAT_TEMPLATE_FILE, CONFIG_FILE, Tokenizer
 from longboat.tasks.base import Task, TaskData, register_task
 from longboat.tasks.lm_loss import make_lm_loss
-from longboat.tasks.pretrain import tokenizer_assets
+from longboat.tasks.pretrain import tokenizer_assets, tokenizer_fitting
 from longboat.utils.logging import console
 
 
@@ -82,16 +82,7 @@ class SFT(Task):
 
     def check(self, model_cfg) -> None:
         data: SFTDataConfig = self.data
-        if data.seq_len > model_cfg.max_seq_len:
-            raise ConfigError(f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
-                              "lower data.seq_len or raise model.max_seq_len")
-        tokenizer = Tokenizer(data.tokenizer)
-        if tokenizer.vocab_size > model_cfg.vocab_size:
-            raise ConfigError(
-                f"data.tokenizer: {data.tokenizer} has {tokenizer.vocab_size} tokens, more than the model's "
-                f"embedding (model.vocab_size={model_cfg.vocab_size}); raise model.vocab_size to at least "
-                f"{tokenizer.vocab_size}"
-            )
+        tokenizer = tokenizer_fitting(data.tokenizer, data.seq_len, model_cfg)
         if _pad_id(tokenizer) is None:
             raise ConfigError(f"data.tokenizer: {data.tokenizer} names neither a pad nor an eos token to pad rows with")
         resolve_chat_template(tokenizer, data.chat_template)
