@@ -1,0 +1,103 @@
+"""Frames of mp4 files at given timestamps, decoded with PyAV from open containers kept per process.
+
+A window's frames are decoded in one pass: seek to the keyframe at or before the first requested time, decode
+forward until the last one, and convert to RGB only the frames that match a request. Containers are opened
+lazily in the process that reads (a DataLoader worker), kept in a small LRU, and forgotten after a fork.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import av
+import numpy as np
+
+from longboat.data.robot.errors import VideoDecodeError
+
+
+class VideoFrameReader:
+    """Decodes frames at timestamps (seconds) from video files; holds up to ``max_open`` containers open."""
+
+    def __init__(self, tolerance_s: float = 1e-4, max_open: int = 16):
+        self.tolerance_s = tolerance_s
+        self.max_open = max_open
+        self._open: OrderedDict[Path, av.container.InputContainer] = OrderedDict()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        # Open containers stay in the process that opened them; a worker starts with none.
+        return {**self.__dict__, "_open": OrderedDict(), "_pid": None}
+
+    def _container(self, path: Path):
+        if self._pid != os.getpid():  # forked: the parent's decoder state is not ours to use or close
+            self._open, self._pid = OrderedDict(), os.getpid()
+        container = self._open.get(path)
+        if container is not None:
+            self._open.move_to_end(path)
+            return container
+        if not path.is_file():
+            raise VideoDecodeError(f"{path}: video file not found")
+        try:
+            container = av.open(str(path))
+            if not container.streams.video:
+                raise VideoDecodeError(f"{path}: no video stream")
+        except av.error.FFmpegError as e:
+            raise VideoDecodeError(f"{path}: cannot open video ({e})") from None
+        container.streams.video[0].thread_type = "AUTO"
+        self._open[path] = container
+        while len(self._open) > self.max_open:
+            self._open.popitem(last=False)[1].close()
+        return container
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for c in self._open.values():
+                c.close()
+        self._open.clear()
+
+    def decode(self, path: Path, timestamps: list[float]) -> np.ndarray:
+        """uint8 RGB frames [T, H, W, 3], the frame nearest each timestamp (within the tolerance)."""
+        try:
+            return self._decode(path, timestamps)
+        except av.error.FFmpegError as e:
+            self._forget(path)
+            raise VideoDecodeError(f"{path}: decoding failed near {min(timestamps):.4f}s ({e})") from None
+
+    def _forget(self, path: Path) -> None:
+        c = self._open.pop(path, None)
+        if c is not None:
+            c.close()
+
+    def _decode(self, path: Path, timestamps: list[float]) -> np.ndarray:
+        container = self._container(path)
+        stream = container.streams.video[0]
+        query = np.asarray(timestamps, dtype=np.float64)
+        tol = self.tolerance_s
+        first, last = float(query.min()), float(query.max())
+        # backward=True lands on the keyframe at or before the target; the codec is flushed by the seek.
+        container.seek(max(int((first - tol) / stream.time_base), 0), stream=stream, backward=True, any_frame=False)
+        best_dist = np.full(len(query), np.inf)
+        best: list[np.ndarray | None] = [None] * len(query)
+        decoded: list[float] = []
+        for frame in container.decode(stream):
+            if frame.pts is None:
+                continue
+            ts = float(frame.pts * stream.time_base)
+            decoded.append(ts)
+            dist = np.abs(query - ts)
+            closer = dist < best_dist
+            if closer.any():
+                rgb = frame.to_ndarray(format="rgb24")
+                for i in np.flatnonzero(closer):
+                    best_dist[i], best[i] = dist[i], rgb
+            if ts >= last - tol:
+                break
+        bad = best_dist >= tol
+        if bad.any():
+            near = ", ".join(f"{t:.4f}" for t in decoded[-3:]) or "none"
+            raise VideoDecodeError(
+                f"{path}: no frame within {tol}s of timestamp(s) {', '.join(f'{t:.4f}' for t in query[bad])} "
+                f"(decoded {len(decoded)} frame(s) from the keyframe before {first:.4f}s; last at {near})")
+        return np.stack(best)
