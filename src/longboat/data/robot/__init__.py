@@ -1,7 +1,12 @@
 """Robot datasets in LeRobot's layouts: read v3.0 and v2.1, write v3.0."""
 
 from longboat.data.robot.dataset import RobotDataset
+from longboat.data.robot.encode import VideoOptions
 from longboat.data.robot.errors import RobotDataError, UnknownFeatureError, VideoDecodeError
 from longboat.data.robot.meta import DatasetMeta
+from longboat.data.robot.writer import RobotDatasetWriter
 
-__all__ = ["DatasetMeta", "RobotDataError", "RobotDataset", "UnknownFeatureError", "VideoDecodeError"]
+__all__ = [
+    "DatasetMeta", "RobotDataError", "RobotDataset", "RobotDatasetWriter", "UnknownFeatureError", "VideoDecodeError",
+    "VideoOptions",
+]
