@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from longboat.data.robot.errors import RobotDataError, UnknownFeatureError
 from longboat.data.robot.features import Feature, parse_features
+from longboat.data.robot.stats import aggregate_stats
 
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
@@ -24,6 +25,7 @@ V3_TASKS_PATH = "meta/tasks.parquet"
 V3_EPISODES_DIR = "meta/episodes"
 V21_TASKS_PATH = "meta/tasks.jsonl"
 V21_EPISODES_PATH = "meta/episodes.jsonl"
+V21_EPISODES_STATS_PATH = "meta/episodes_stats.jsonl"
 
 
 @dataclass
@@ -76,7 +78,15 @@ class DatasetMeta:
             raise RobotDataError(f"{info_path}: features {self.video_keys} are videos but 'video_path' is not set")
         self.tasks = self._load_tasks()
         self.episodes = self._load_episodes_v3() if self.version == "v3.0" else self._load_episodes_v21()
+        if len(self.episodes.index) != self.info["total_episodes"]:
+            raise RobotDataError(f"{info_path}: total_episodes is {self.info['total_episodes']} but the episode "
+                                 f"metadata lists {len(self.episodes.index)}")
         self.stats = load_stats(self.root / STATS_PATH)
+        if self.stats is None and (self.root / V21_EPISODES_STATS_PATH).is_file():
+            # LeRobot 0.3 writes only per-episode statistics for v2.1 and aggregates them when it loads.
+            rows = _read_jsonl(self.root / V21_EPISODES_STATS_PATH, ("episode_index", "stats"))
+            self.stats = aggregate_stats([{k: {s: np.asarray(v) for s, v in st.items()} for k, st in r["stats"].items()}
+                                          for r in rows])
 
     @property
     def camera_keys(self) -> list[str]:

@@ -72,7 +72,7 @@ def _histogram_quantile(col: np.ndarray, q: float) -> float:
 
 
 def aggregate_stats(per_episode: list[dict[str, dict[str, np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
-    """Combine episode statistics: exact min, max, mean and std; count-weighted quantiles."""
+    """Combine episode statistics: exact min, max, mean and std; count-weighted quantiles (LeRobot 0.4's rule)."""
     keys = {k for ep in per_episode for k in ep}
     out = {}
     for key in sorted(keys):
@@ -86,7 +86,7 @@ def aggregate_stats(per_episode: list[dict[str, dict[str, np.ndarray]]]) -> dict
         agg = {"min": np.min(np.stack([p["min"] for p in parts]), axis=0),
                "max": np.max(np.stack([p["max"] for p in parts]), axis=0),
                "mean": mean, "std": np.sqrt(var), "count": np.array([int(total)])}
-        for q in QUANTILE_KEYS:
+        for q in (q for q in QUANTILE_KEYS if all(q in p for p in parts)):  # v2.1 statistics have none
             agg[q] = (np.stack([p[q] for p in parts]) * w).sum(axis=0) / total
         out[key] = agg
     return out
