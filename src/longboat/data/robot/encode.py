@@ -33,7 +33,8 @@ class VideoOptions(StrictModel):
 
 
 class VideoFileEncoder:
-    """Appends uint8 RGB frames [H, W, 3] to one mp4; ``frames`` counts them, ``bytes`` the packets muxed."""
+    """Appends uint8 RGB frames [H, W, 3] to one mp4; ``frames`` counts them; ``packets`` and ``bytes`` count what
+    the encoder has put out so far (it holds some frames back for lookahead until it is closed)."""
 
     def __init__(self, path: Path, fps: int, width: int, height: int, options: VideoOptions):
         self.path, self.fps = path, fps
@@ -42,8 +43,7 @@ class VideoFileEncoder:
         self._stream = self._out.add_stream(CODECS[options.codec], rate=fps, options=options.codec_options())
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, options.pix_fmt
         self._time_base = Fraction(1, fps)
-        self.frames = 0
-        self.bytes = 0
+        self.frames = self.packets = self.bytes = 0
 
     def add(self, frames: np.ndarray) -> None:
         for rgb in frames:
@@ -54,12 +54,17 @@ class VideoFileEncoder:
 
     def _mux(self, packets) -> None:
         for p in packets:
+            self.packets += 1
             self.bytes += p.size
             self._out.mux(p)
 
     def close(self) -> None:
         self._mux(self._stream.encode())
         self._out.close()
+
+    def estimated_bytes(self, more_frames: int) -> float:
+        """The file's size after ``more_frames`` more, at the bytes per frame put out so far (0 before any)."""
+        return self.bytes / self.packets * (self.frames + more_frames) if self.packets else 0.0
 
 
 def video_info(path: Path) -> dict:

@@ -61,7 +61,7 @@ class Feature:
         if self.is_scalar:
             return t
         for n in reversed(self.shape):
-            t = pa.list_(t, n)
+            t = pa.list_(pa.field("element", t), n)  # the child name HF datasets (and so LeRobot) writes
         return t
 
     def to_json(self) -> dict:

@@ -102,8 +102,9 @@ class RobotDatasetWriter:
                                  + (f"unknown features {sorted(extra)}" if extra else ""))
         if not isinstance(task, str) or not task:
             raise RobotDataError(f"{self.root}: frame {len(self._timestamps)}: task must be a non-empty string")
-        for key in expected:
-            self._buffer.setdefault(key, []).append(self._check_value(self.features[key], frame[key]))
+        checked = {key: self._check_value(self.features[key], frame[key]) for key in expected}
+        for key, value in checked.items():  # only a frame that passed every check is buffered
+            self._buffer.setdefault(key, []).append(value)
         self._timestamps.append(len(self._timestamps) / self.fps if timestamp is None else float(timestamp))
         self._frame_tasks.append(task)
 
@@ -178,7 +179,7 @@ class RobotDatasetWriter:
 
     def _write_video(self, key: str, frames: np.ndarray) -> dict:
         enc, slot = self._video_enc[key], self._video_slot[key]
-        if enc is not None and enc.frames and enc.bytes + enc.bytes / enc.frames * len(frames) >= self.video_limit:
+        if enc is not None and enc.estimated_bytes(len(frames)) >= self.video_limit:
             self._close_video(key)
             slot.advance()
             enc = None
@@ -286,9 +287,12 @@ def _to_arrow(values: np.ndarray | list, ft: Feature) -> pa.Array:
     arr = np.asarray(values)
     if ft.is_scalar:
         return pa.array(arr.reshape(len(arr)), type=ft.arrow_type())
-    out: pa.Array = pa.array(arr.reshape(-1))
-    for n in reversed(ft.shape):
-        out = pa.FixedSizeListArray.from_arrays(out, n)
+    types = [ft.arrow_type()]
+    while pa.types.is_fixed_size_list(types[-1]):
+        types.append(types[-1].value_type)
+    out: pa.Array = pa.array(arr.reshape(-1), type=types.pop())
+    while types:
+        out = pa.FixedSizeListArray.from_arrays(out, type=types.pop())
     return out
 
 
