@@ -8,6 +8,7 @@ lazily in the process that reads (a DataLoader worker), kept in a small LRU, and
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -15,6 +16,21 @@ import av
 import numpy as np
 
 from longboat.data.robot.errors import VideoDecodeError
+
+_READERS: weakref.WeakSet = weakref.WeakSet()
+_INHERITED: list = []  # containers a forked process inherited: never used, never freed
+
+
+def _after_fork_in_child() -> None:
+    """The parent's open containers are not the child's to use. Nor may the child free them (a reader that is
+    garbage collected there would): closing one joins decoder threads that exist only in the parent, which hangs.
+    So every reader starts empty in the child, and what it held is kept, untouched, for the process's life."""
+    for reader in list(_READERS):
+        _INHERITED.extend(reader._open.values())
+        reader._open, reader._pid = OrderedDict(), os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class VideoFrameReader:
@@ -25,13 +41,18 @@ class VideoFrameReader:
         self.max_open = max_open
         self._open: OrderedDict[Path, av.container.InputContainer] = OrderedDict()
         self._pid = os.getpid()
+        _READERS.add(self)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        _READERS.add(self)
 
     def __getstate__(self) -> dict:
         # Open containers stay in the process that opened them; a worker starts with none.
         return {**self.__dict__, "_open": OrderedDict(), "_pid": None}
 
     def _container(self, path: Path):
-        if self._pid != os.getpid():  # forked: the parent's decoder state is not ours to use or close
+        if self._pid != os.getpid():  # unpickled in a spawned worker
             self._open, self._pid = OrderedDict(), os.getpid()
         container = self._open.get(path)
         if container is not None:
@@ -52,9 +73,8 @@ class VideoFrameReader:
         return container
 
     def close(self) -> None:
-        if self._pid == os.getpid():
-            for c in self._open.values():
-                c.close()
+        for c in self._open.values():
+            c.close()
         self._open.clear()
 
     def decode(self, path: Path, timestamps: list[float]) -> np.ndarray:
