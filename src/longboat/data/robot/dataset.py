@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from longboat.data.robot.errors import RobotDataError
+from longboat.data.robot.errors import RobotDataError, VideoDecodeError
 from longboat.data.robot.frames import FrameColumns
 from longboat.data.robot.images import decode_image
 from longboat.data.robot.meta import DatasetMeta
@@ -52,6 +52,10 @@ class RobotDataset(Dataset):
         self._ep_end = np.cumsum(lengths)
         self._ep_start = self._ep_end - lengths
         self._row_episode = np.repeat(np.arange(len(self.positions)), lengths)
+        for key in self.meta.video_keys:  # a missing file fails now, not in a loader worker hours later
+            for rel in dict.fromkeys(self.meta.episodes.video_file[key][p] for p in self.positions):
+                if not (self.root / rel).is_file():
+                    raise VideoDecodeError(f"{self.root / rel}: video file of '{key}' not found")
         self.video = VideoFrameReader(tolerance_s)
 
     def _select(self, episodes: Sequence[int] | None) -> np.ndarray:

@@ -63,7 +63,7 @@ class VideoFrameReader:
         try:
             container = av.open(str(path))
             if not container.streams.video:
-                raise VideoDecodeError(f"{path}: no video stream")
+                raise VideoDecodeError(f"{path}: cannot open video: it has no video stream (truncated or damaged?)")
         except av.error.FFmpegError as e:
             raise VideoDecodeError(f"{path}: cannot open video ({e})") from None
         container.streams.video[0].thread_type = "AUTO"
