@@ -63,8 +63,10 @@ class VideoFileEncoder:
         self._out.close()
 
     def estimated_bytes(self, more_frames: int) -> float:
-        """The file's size after ``more_frames`` more, at the bytes per frame put out so far (0 before any)."""
-        return self.bytes / self.packets * (self.frames + more_frames) if self.packets else 0.0
+        """The file's size after ``more_frames`` more, at the bytes per frame put out so far; before the encoder
+        has put anything out (its lookahead), a frame counts as 1/100 of its raw RGB size."""
+        per_frame = self.bytes / self.packets if self.packets else self._stream.width * self._stream.height * 3 / 100
+        return per_frame * (self.frames + more_frames)
 
 
 def video_info(path: Path) -> dict:

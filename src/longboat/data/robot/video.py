@@ -14,6 +14,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from torch.utils.data import get_worker_info
 
 from longboat.data.robot.errors import VideoDecodeError
 
@@ -66,7 +67,8 @@ class VideoFrameReader:
                 raise VideoDecodeError(f"{path}: cannot open video: it has no video stream (truncated or damaged?)")
         except av.error.FFmpegError as e:
             raise VideoDecodeError(f"{path}: cannot open video ({e})") from None
-        container.streams.video[0].thread_type = "AUTO"
+        if get_worker_info() is None:  # loader workers are the parallelism; threads in each would oversubscribe
+            container.streams.video[0].thread_type = "AUTO"
         self._open[path] = container
         while len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()
