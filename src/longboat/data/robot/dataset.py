@@ -105,6 +105,8 @@ class RobotDataset(Dataset):
             item[f"{key}_is_pad"] = torch.from_numpy(pad)
         for key, values in self.frames.numeric.items():
             item[key] = torch.from_numpy(np.array(values[rows_of.get(key, row)]))
+        for key, values in self.frames.strings.items():
+            item[key] = values[row]
         for key, column in self.frames.images.items():
             rows = rows_of.get(key)
             imgs = [decode_image(column, int(r), self.root, key) for r in (rows if rows is not None else [row])]

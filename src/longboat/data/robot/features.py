@@ -55,8 +55,6 @@ class Feature:
         """The parquet column type LeRobot writes: a scalar, or nested fixed-size lists for vectors and arrays."""
         if self.is_image:
             return pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-        if self.dtype == "string":
-            return pa.string()
         t = pa.from_numpy_dtype(self.numpy_dtype)
         if self.is_scalar:
             return t

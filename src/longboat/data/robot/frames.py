@@ -13,7 +13,7 @@ from longboat.data.robot.meta import DatasetMeta, read_frames
 
 
 class FrameColumns:
-    """Numeric features as numpy arrays [N, *shape] (scalars [N]); image features as arrow arrays of PNG bytes."""
+    """Numeric features as numpy arrays [N, *shape] (scalars [N]); images as arrow arrays of PNG bytes; strings."""
 
     def __init__(self, meta: DatasetMeta, positions: np.ndarray):
         """``positions`` index ``meta.episodes``; their rows are read from each data file once, in episode order."""
@@ -43,13 +43,16 @@ class FrameColumns:
         self.num_rows = table.num_rows
         self.numeric: dict[str, np.ndarray] = {}
         self.images: dict[str, pa.Array] = {}
+        self.strings: dict[str, list[str]] = {}
         for key, ft in meta.features.items():
             if ft.is_video:
                 continue
             col = table.column(key).combine_chunks()
             if ft.is_image:
                 self.images[key] = col
-            elif ft.dtype != "string":
+            elif ft.dtype == "string":
+                self.strings[key] = col.to_pylist()
+            else:
                 self.numeric[key] = _to_numpy(col, ft)
 
 

@@ -43,7 +43,11 @@ class _FileSlot:
 
 
 class RobotDatasetWriter:
-    """Writes a v3.0 dataset at ``root`` (which must not exist) with ``features`` as LeRobot declares them."""
+    """Writes a v3.0 dataset at ``root`` (which must not exist) with ``features`` as LeRobot declares them.
+
+    Use it as a context manager, or end with ``close()`` (or ``abort()``): until then the files live in the
+    hidden directory beside ``root``.
+    """
 
     def __init__(
         self,
@@ -65,6 +69,9 @@ class RobotDatasetWriter:
         if reserved:
             raise RobotDataError(f"{self.root}: features {sorted(reserved)} are added by the writer itself")
         self.features: dict[str, Feature] = parse_features({**features, **DEFAULT_FEATURES}, str(self.root))
+        strings = [k for k, f in self.features.items() if f.dtype == "string"]
+        if strings:
+            raise RobotDataError(f"{self.root}: string features {strings} are not supported by the writer")
         self.fps, self.robot_type = fps, robot_type
         self.video = video or VideoOptions()
         self.chunks_size = chunks_size
@@ -147,8 +154,7 @@ class RobotDatasetWriter:
         columns["episode_index"] = np.full(n, ep, dtype=np.int64)
         columns["index"] = np.arange(self.total_frames, self.total_frames + n, dtype=np.int64)
         columns["task_index"] = np.asarray([self.tasks[t] for t in self._frame_tasks], dtype=np.int64)
-        stats = {k: image_stats(v) if self.features[k].is_visual else vector_stats(v)
-                 for k, v in columns.items() if self.features[k].dtype != "string"}
+        stats = {k: image_stats(v) if self.features[k].is_visual else vector_stats(v) for k, v in columns.items()}
         row = {"episode_index": ep, "tasks": list(dict.fromkeys(self._frame_tasks)), "length": n,
                **self._write_data(columns), "dataset_from_index": self.total_frames,
                "dataset_to_index": self.total_frames + n}
@@ -282,8 +288,6 @@ class RobotDatasetWriter:
 def _to_arrow(values: np.ndarray | list, ft: Feature) -> pa.Array:
     if ft.is_image:
         return pa.array([{"bytes": _png(v), "path": None} for v in values], type=ft.arrow_type())
-    if ft.dtype == "string":
-        return pa.array(values, type=pa.string())
     arr = np.asarray(values)
     if ft.is_scalar:
         return pa.array(arr.reshape(len(arr)), type=ft.arrow_type())
