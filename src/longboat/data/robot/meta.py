@@ -54,7 +54,8 @@ class DatasetMeta:
         self.root = Path(root)
         info_path = self.root / INFO_PATH
         if not self.root.is_dir():
-            raise RobotDataError(f"{self.root}: not a LeRobot dataset (no such directory)")
+            why = "not a directory" if self.root.exists() else "no such directory"
+            raise RobotDataError(f"{self.root}: not a LeRobot dataset ({why})")
         if not info_path.is_file():
             raise RobotDataError(f"{self.root}: not a LeRobot dataset ({INFO_PATH} not found)")
         self.info = _load_json(info_path)
