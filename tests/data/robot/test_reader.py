@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from longboat.data.robot import RobotDataError, RobotDataset, split_episodes
+from longboat.data.robot.encode import video_info
 from tests.data.robot.conftest import LENGTHS
 
 STARTS = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
@@ -87,16 +88,23 @@ def _collect(worker_id: int) -> None:
 
 
 def test_loader_workers_match_serial(written):
-    """Decoders open lazily inside each worker; batches equal the single-process ones."""
+    """Decoders open lazily inside each worker; batches equal the single-process ones. Containers the parent
+    dropped (PyAV's objects sit in reference cycles) are not freed by a collection inside a worker: freeing a
+    libdav1d context there hangs (without the fix this test times out after 60 s)."""
     root, _ = written
     ds = RobotDataset(root, delta_timestamps={"observation.images.front": [-0.1, 0.0], "action": [0.0, 0.1]})
     ds[5]  # opens a container in this process: workers must not use it
-    garbage = RobotDataset(root)
-    garbage[0]
-    garbage.cycle = garbage  # freed only by a collection, which may then run in a worker: it must not close
-    del garbage  # the parent's containers there (that would join decoder threads the worker does not have)
     serial = [ds[i] for i in range(len(ds))]
-    batches = list(DataLoader(ds, batch_size=4, num_workers=2, drop_last=True, worker_init_fn=_collect))
+    gc.disable()  # what this process dropped stays garbage until the workers fork
+    try:
+        video_info(root / ds.meta.episodes.video_file["observation.images.front"][0])  # a closed container, dropped
+        dropped = RobotDataset(root)
+        dropped[0]
+        del dropped
+        loader = DataLoader(ds, batch_size=4, num_workers=2, drop_last=True, worker_init_fn=_collect, timeout=60)
+        batches = list(loader)
+    finally:
+        gc.enable()
     for b, batch in enumerate(batches):
         for j in range(4):
             for key in ("observation.images.front", "action", "action_is_pad", "index"):

@@ -2,11 +2,12 @@
 
 A window's frames are decoded in one pass: seek to the keyframe at or before the first requested time, decode
 forward until the last one, and convert to RGB only the frames that match a request. Containers are opened
-lazily in the process that reads (a DataLoader worker), kept in a small LRU, and forgotten after a fork.
+lazily in the process that reads (a DataLoader worker), kept in a small LRU, and left alone after a fork.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 from collections import OrderedDict
@@ -22,16 +23,21 @@ _READERS: weakref.WeakSet = weakref.WeakSet()
 _INHERITED: list = []  # containers a forked process inherited: never used, never freed
 
 
+# A PyAV codec context must not be freed in a forked child of the process that used it: freeing it waits on the
+# decoder's thread state, copied mid-use from the parent, and hangs (seen with libdav1d). Containers end up in
+# reference cycles, so a garbage collection in a loader worker would free the parent's. Hence: collect before
+# forking, and let every reader start empty in the child while what it held stays referenced, untouched.
+def _before_fork() -> None:
+    gc.collect()
+
+
 def _after_fork_in_child() -> None:
-    """The parent's open containers are not the child's to use. Nor may the child free them (a reader that is
-    garbage collected there would): closing one joins decoder threads that exist only in the parent, which hangs.
-    So every reader starts empty in the child, and what it held is kept, untouched, for the process's life."""
     for reader in list(_READERS):
         _INHERITED.extend(reader._open.values())
         reader._open, reader._pid = OrderedDict(), os.getpid()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class VideoFrameReader:
