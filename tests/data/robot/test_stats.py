@@ -8,7 +8,6 @@ import pytest
 from longboat.data.robot.stats import (
     QUANTILE_KEYS, QUANTILES, STAT_KEYS, aggregate_stats, image_stats, sample_indices, vector_stats,
 )
-from tests.data.robot.conftest import make_frames
 
 
 def test_vector_stats_match_numpy():
