@@ -77,6 +77,7 @@ FLAGS = [
     ["train", "{cfg}", "not-an-override"], ["train", "{cfg}", "=1"], ["train", "{cfg}", "a..b=1"],
     ["data", "tokenize", "--input", "{tmp}/none.jsonl", "--tokenizer", "{tmp}", "--output-prefix", "{tmp}/x"],
     ["data", "train-tokenizer", "--input", "{tmp}/none.txt", "--vocab-size", "-5", "--output", "{tmp}/t"],
+    ["data", "info", "{tmp}/nothing"], ["data", "info", "{tmp}"], ["data", "info", "/dev/null"], ["data", "info"],
     ["models", "--bogus"], ["nonsense"],
 ]
 

@@ -1,4 +1,4 @@
-"""``longboat data``: ``tokenize`` and ``train-tokenizer`` subcommands."""
+"""``longboat data``: ``tokenize``, ``train-tokenizer`` and ``info`` subcommands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from longboat.recipes import data as recipe
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``data`` and its subcommands to the main parser's subparsers."""
-    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer")
+    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, describe a robot dataset")
     commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
     tok = commands.add_parser(
@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--min-frequency", type=int, default=2, help="least count for a merge (default 2)")
     _add_text_options(train)
     train.set_defaults(func=_train_tokenizer)
+
+    info = commands.add_parser(
+        "info",
+        help="describe a LeRobot dataset (v3.0 or v2.1): features, fps, episodes, frames, tasks, codec",
+    )
+    info.add_argument("path", metavar="PATH", help="dataset directory (the one holding meta/info.json)")
+    info.set_defaults(func=_info)
     return parser
 
 
@@ -71,3 +78,7 @@ def _train_tokenizer(args: argparse.Namespace) -> None:
         text_key=args.text_key,
         txt_mode=args.txt_mode,
     )
+
+
+def _info(args: argparse.Namespace) -> None:
+    recipe.info(args.path)

@@ -1,9 +1,10 @@
-"""Data commands: tokenize text into a Megatron token dataset, train a tokenizer."""
+"""Data commands: tokenize text into a Megatron token dataset, train a tokenizer, describe a robot dataset."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from longboat.data.robot.summary import describe
 from longboat.data.tokenize import DEFAULT_BATCH_SIZE, TokenizeStats, tokenize_to_indexed
 from longboat.data.tokenizer import Tokenizer, train_bpe
 
@@ -46,3 +47,10 @@ def train_tokenizer(
     print(f"saved tokenizer (vocab {tok.vocab_size:,}, eos {tok.eos_token!r} = id {tok.eos_id}) to {output}",
           flush=True)
     return tok
+
+
+def info(path: str) -> str:
+    """``longboat data info``: print a LeRobot dataset's version, features, episodes, frames, tasks and codecs."""
+    text = describe(path)
+    print(text, flush=True)
+    return text

@@ -1,0 +1,34 @@
+"""``longboat data info``: what a user reads about a dataset, and a one-line error for a wrong path."""
+
+from pathlib import Path
+
+from longboat.cli.main import main
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def test_info_v30(capsys):
+    assert not main(["data", "info", str(FIXTURES / "lerobot_v30" / "dataset")])
+    out = capsys.readouterr().out
+    for line in ("format    LeRobot v3.0", "robot     toy_arm", "fps       10", "episodes  3", "frames    74",
+                 "tasks     2", "0  push the block to the left", "1  lift the cup"):
+        assert line in out, out
+    lines = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.startswith("  ") and "[" in ln}
+    assert lines["observation.images.cam"] == ["video", "[48,", "64,", "3]", "av1", "yuv420p"]
+    assert lines["observation.state"] == ["float32", "[4]"] and lines["index"] == ["int64", "[1]"]
+
+
+def test_info_v21_and_ours(capsys, written_h264):
+    assert not main(["data", "info", str(FIXTURES / "lerobot_v21" / "dataset")])
+    assert "format    LeRobot v2.1" in capsys.readouterr().out
+    root, _ = written_h264
+    assert not main(["data", "info", str(root)])
+    out = capsys.readouterr().out
+    assert "h264 yuv420p" in out and "observation.images.wrist  image    [16, 24, 3]" in out
+    assert "next.done                 bool     [1]" in out and "frames    15" in out
+
+
+def test_info_bad_path(tmp_path, capsys):
+    assert main(["data", "info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a LeRobot dataset (meta/info.json not found)" in err and "Traceback" not in err
