@@ -4,6 +4,7 @@ greedy generate, stop ids from eos, generation_config.json and the template's en
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -111,3 +112,14 @@ def test_unknown_hf_model_type(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     code, _, err = run_cli(capsys, "generate", str(tmp_path))
     assert code == 2 and "model_type 'bert' is not supported" in err and str(tmp_path) in err
+
+
+def test_a_broken_template_fails_chat_only(plain_hf_dir, tmp_path, capsys):
+    broken = tmp_path / "model"
+    shutil.copytree(plain_hf_dir, broken)
+    (broken / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }")  # an unclosed tag
+    code, _, err = run_cli(capsys, "generate", str(broken), "--chat", "--prompt", "hi")
+    assert code == 2 and "chat_template: not a valid Jinja template" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = run_cli(capsys, "generate", str(broken), "--prompt", "What is", "--temperature", "0",
+                           "--max-new-tokens", "4")
+    assert code == 0 and out.startswith("What is")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from longboat.config.base import ConfigError
-from longboat.data.chat import ChatTemplate
+from longboat.data.chat import ChatTemplate, ChatTemplateError
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
@@ -35,8 +35,11 @@ class LoadedModel:
     chat_template: ChatTemplate | None = None
     end_of_turn_id: int | None = None
     generation_config: dict = field(default_factory=dict)
+    chat_template_error: str | None = None  # why a template the tokenizer ships cannot be used
 
     def require_chat_template(self) -> ChatTemplate:
+        if self.chat_template_error is not None:
+            raise ConfigError(self.chat_template_error)
         if self.chat_template is None:
             raise ConfigError(f"{self.source}: the model's tokenizer has no chat template, so it cannot chat; "
                               f"use a plain prompt")
@@ -54,11 +57,17 @@ def load_for_inference(path: str | Path) -> LoadedModel:
     tok = Tokenizer(artifact.asset_file(TOKENIZER_FILE).parent)
     gen_file = artifact.assets.get(GENERATION_CONFIG)
     gen_config = read_generation_config(gen_file) if isinstance(gen_file, Path) else {}
-    template = ChatTemplate.from_tokenizer(tok) if tok.chat_template else None
-    end_of_turn = end_of_turn_token(template, tok) if template is not None else None
+    template, end_of_turn, template_error = None, None, None
+    if tok.chat_template:
+        try:  # a broken template fails chatting only, not plain prompts
+            template = ChatTemplate.from_tokenizer(tok)
+            end_of_turn = end_of_turn_token(template, tok)
+        except ChatTemplateError as e:
+            template, template_error = None, str(e)
     eos = gen_config.get("eos_token_id")
     stops = {tok.eos_id, end_of_turn, *(eos if isinstance(eos, list) else [eos])} - {None}
-    return LoadedModel(artifact.model, tok, artifact.source, frozenset(stops), template, end_of_turn, gen_config)
+    return LoadedModel(artifact.model, tok, artifact.source, frozenset(stops), template, end_of_turn, gen_config,
+                       template_error)
 
 
 def read_generation_config(path: Path) -> dict:
