@@ -1,4 +1,4 @@
-"""``longboat data``: ``tokenize``, ``train-tokenizer`` and ``info`` subcommands."""
+"""``longboat data``: ``tokenize``, ``train-tokenizer``, ``record`` and ``info`` subcommands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from longboat.recipes import data as recipe
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``data`` and its subcommands to the main parser's subparsers."""
-    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, describe a robot dataset")
+    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, record and describe a robot dataset")
     commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
     tok = commands.add_parser(
@@ -40,6 +40,27 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--min-frequency", type=int, default=2, help="least count for a merge (default 2)")
     _add_text_options(train)
     train.set_defaults(func=_train_tokenizer)
+
+    rec = commands.add_parser(
+        "record",
+        help="roll out scripted experts in simulators and write a LeRobot v3.0 dataset (pip install longboat[sim])",
+        description="Record expert demonstrations (camera video, state, action, task, reward, success) of one or "
+                    "more environments into one LeRobot v3.0 dataset.",
+    )
+    rec.add_argument("--env", action="append", required=True, metavar="SIM:TASK",
+                     help="metaworld:<task>-v3 (e.g. metaworld:reach-v3) or fetch:reach|push|pick_and_place; "
+                          "repeat for more")
+    rec.add_argument("--episodes", type=int, default=10, help="episodes per environment (default 10)")
+    rec.add_argument("--output", required=True, metavar="DIR", help="the dataset directory to create")
+    rec.add_argument("--size", type=int, default=128, help="camera image height and width (default 128)")
+    rec.add_argument("--camera", action="append", metavar="NAME",
+                     help="a camera every environment has; repeat for more (default: each one's default camera)")
+    rec.add_argument("--only-success", action="store_true", help="keep only the episodes that succeeded")
+    rec.add_argument("--max-steps", type=int, default=None,
+                     help="end an episode after this many steps (default: the simulator's limit)")
+    rec.add_argument("--seed", type=int, default=0, help="episode i starts from seed SEED + i (default 0)")
+    rec.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output")
+    rec.set_defaults(func=_record)
 
     info = commands.add_parser(
         "info",
@@ -78,6 +99,12 @@ def _train_tokenizer(args: argparse.Namespace) -> None:
         text_key=args.text_key,
         txt_mode=args.txt_mode,
     )
+
+
+def _record(args: argparse.Namespace) -> None:
+    recipe.record(args.env, args.episodes, args.output, cameras=args.camera, image_size=args.size,
+                  max_steps=args.max_steps, only_success=args.only_success, seed=args.seed,
+                  overwrite=args.overwrite)
 
 
 def _info(args: argparse.Namespace) -> None:

@@ -1,7 +1,9 @@
-"""Data commands: tokenize text into a Megatron token dataset, train a tokenizer, describe a robot dataset."""
+"""Data commands: tokenize text into a Megatron token dataset, train a tokenizer, record and describe a robot
+dataset."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 from longboat.data.robot.summary import describe
@@ -54,3 +56,21 @@ def info(path: str) -> str:
     text = describe(path)
     print(text, flush=True)
     return text
+
+
+def record(
+    envs: Sequence[str],
+    episodes: int,
+    output: str,
+    cameras: Sequence[str] | None = None,
+    image_size: int = 128,
+    max_steps: int | None = None,
+    only_success: bool = False,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Path | None:
+    """``longboat data record``: scripted experts in simulators write a LeRobot v3.0 dataset; returns its path."""
+    from longboat.data.robot.record import record as record_episodes  # imports the simulators' registrations
+
+    return record_episodes(envs, episodes, output, cameras=cameras, image_size=image_size, max_steps=max_steps,
+                           only_success=only_success, seed=seed, overwrite=overwrite).output

@@ -1,0 +1,230 @@
+"""``record``: roll out each environment's scripted expert and write the episodes into one LeRobot v3.0 dataset.
+
+Each frame holds the state before the step, the camera frames, the expert's action and what the step brought:
+``next.reward``, ``next.success`` and ``next.done``. An episode ends at the first success or after ``max_steps``.
+Environments whose state or action is shorter than the longest are zero-padded to it. Ctrl-C keeps the episodes
+saved so far as a valid dataset (or leaves nothing when none was saved); a dataset being overwritten is
+replaced only by a complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from longboat.data.robot.encode import VideoOptions
+from longboat.data.robot.record.env import SimEnv
+from longboat.data.robot.record.errors import RecordError
+from longboat.data.robot.record.progress import RecordProgress
+from longboat.data.robot.record.registry import make_env
+from longboat.data.robot.writer import RobotDatasetWriter
+
+DEFAULT_CAMERA_KEY = "main"  # when the environments' default cameras differ in name
+
+
+@dataclass
+class EnvResult:
+    name: str
+    episodes: int = 0
+    successes: int = 0
+    saved: int = 0
+    frames: int = 0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+
+@dataclass
+class RecordResult:
+    output: Path | None  # None when nothing was saved
+    envs: list[EnvResult] = field(default_factory=list)
+    frames: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.frames / self.seconds if self.seconds else 0.0
+
+
+def record(
+    envs: Sequence[str],
+    episodes_per_env: int,
+    output: str | Path,
+    cameras: Sequence[str] | None = None,
+    image_size: int = 128,
+    fps: int | None = None,
+    max_steps: int | None = None,
+    only_success: bool = False,
+    seed: int = 0,
+    video: VideoOptions | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> RecordResult:
+    """Record ``episodes_per_env`` expert episodes of each of ``envs`` (``metaworld:reach-v3``, ``fetch:push``, ...)
+    into a new dataset at ``output``. ``cameras`` names cameras every environment has (``observation.images.
+    <name>``); by default each environment's own default camera, and ``()`` records no images. Episode ``i`` of
+    an environment starts from seed ``seed + i``; ``only_success`` drops the episodes that did not succeed."""
+    output = Path(output)
+    if episodes_per_env < 1 or image_size < 8 or (max_steps is not None and max_steps < 1) or \
+            (fps is not None and fps < 1):
+        raise RecordError(f"expected episodes >= 1, image size >= 8, max steps >= 1 and fps >= 1, got "
+                          f"{episodes_per_env}, {image_size}, {max_steps}, {fps}")
+    if len(set(envs)) != len(envs) or not envs:
+        raise RecordError(f"expected one or more distinct environments, got {list(envs)}")
+    _check_output(output, overwrite)
+    # A dataset being replaced stays until its successor is complete.
+    staged = output.with_name(f".{output.name}.replacing-{os.getpid()}") if output.exists() else output
+    sims = [make_env(name) for name in envs]
+    try:
+        views = _camera_views(sims, cameras)
+        return _record(sims, views, episodes_per_env, output, staged, image_size, fps, max_steps, only_success,
+                       seed, video, progress)
+    finally:
+        if staged != output and staged.exists():
+            shutil.rmtree(output)
+            os.rename(staged, output)
+        for sim in sims:
+            sim.close()
+
+
+def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_success, seed, video, progress):
+    state_dim, action_dim = max(s.state_dim for s in sims), max(s.action_dim for s in sims)
+    fps = fps or sims[0].fps
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [state_dim], "names": None},
+        "action": {"dtype": "float32", "shape": [action_dim], "names": None},
+        "next.reward": {"dtype": "float32", "shape": [1], "names": None},
+        "next.success": {"dtype": "bool", "shape": [1], "names": None},
+        "next.done": {"dtype": "bool", "shape": [1], "names": None},
+        **{f"observation.images.{key}": {"dtype": "video", "shape": [size, size, 3],
+                                         "names": ["height", "width", "channels"]} for key in views},
+    }
+    for i, sim in enumerate(sims):  # GL and cameras fail here, before anything is written
+        sim.reset(seed)
+        for per_env in views.values():
+            sim.render(per_env[i], size)
+    result = RecordResult(output, [EnvResult(s.name) for s in sims])
+    writer = RobotDatasetWriter(staged, fps, features, robot_type="+".join(sorted({s.robot_type for s in sims})),
+                                video=video)
+    start = time.perf_counter()
+    try:
+        with RecordProgress(progress, len(sims) * episodes) as bar:
+            for i, (sim, res) in enumerate(zip(sims, result.envs)):
+                cams = {key: per_env[i] for key, per_env in views.items()}
+                for ep in range(episodes):
+                    success, n = _episode(sim, writer, cams, size, state_dim, action_dim, max_steps or sim.max_steps,
+                                          seed + ep)
+                    res.episodes += 1
+                    res.successes += success
+                    if success or not only_success:
+                        with _sigint_deferred():  # an episode is written whole or not at all
+                            writer.save_episode()
+                        res.saved, res.frames, result.frames = res.saved + 1, res.frames + n, result.frames + n
+                    else:
+                        writer.clear_episode()
+                    bar.advance(res)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    except BaseException:
+        writer.abort()
+        raise
+    with _sigint_deferred():
+        if writer.episodes:
+            writer.clear_episode()
+            writer.close()
+        else:
+            writer.abort()
+            result.output = None
+    result.seconds = time.perf_counter() - start
+    _report(result)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    if result.output is None:
+        raise RecordError(f"{output}: no episode succeeded; nothing written")
+    return result
+
+
+def _episode(sim: SimEnv, writer, cams: dict[str, str], size: int, state_dim: int, action_dim: int,
+             max_steps: int, seed: int) -> tuple[bool, int]:
+    """Buffer one episode in ``writer``; returns whether it succeeded and its length."""
+    state = sim.reset(seed)
+    success = False
+    for t in range(max_steps):
+        images = {f"observation.images.{key}": sim.render(cam, size) for key, cam in cams.items()}
+        action = sim.expert_action()
+        next_state, reward, success = sim.step(action)
+        done = success or t == max_steps - 1
+        writer.add_frame({"observation.state": _pad(state, state_dim), "action": _pad(action, action_dim),
+                          "next.reward": np.float32(reward), "next.success": success, "next.done": done, **images},
+                         task=sim.task)
+        state = next_state
+        if done:
+            break
+    return success, t + 1
+
+
+def _pad(x: np.ndarray, n: int) -> np.ndarray:
+    return np.pad(x, (0, n - x.size)) if x.size < n else x
+
+
+def _camera_views(sims: list[SimEnv], cameras: Sequence[str] | None) -> dict[str, list[str]]:
+    """Dataset camera key → the camera each environment renders for it."""
+    if cameras is None:
+        defaults = [s.cameras[0] for s in sims]
+        return {defaults[0] if len(set(defaults)) == 1 else DEFAULT_CAMERA_KEY: defaults}
+    for s in sims:
+        missing = [c for c in cameras if c not in s.cameras]
+        if missing:
+            raise RecordError(f"{s.name} has no camera {', '.join(missing)}; its cameras: {', '.join(s.cameras)}")
+    if len(set(cameras)) != len(cameras):
+        raise RecordError(f"cameras {list(cameras)} name a camera twice")
+    return {c: [c] * len(sims) for c in cameras}
+
+
+def _check_output(output: Path, overwrite: bool) -> None:
+    if not output.exists():
+        return
+    if not overwrite:
+        raise RecordError(f"{output}: already exists (pass overwrite to replace it)")
+    if not (output / "meta" / "info.json").is_file():
+        raise RecordError(f"{output}: exists and is not a LeRobot dataset; refusing to replace it")
+
+
+@contextmanager
+def _sigint_deferred():
+    """Hold Ctrl-C until the block is done, then raise it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _report(result: RecordResult) -> None:
+    for r in result.envs:
+        if r.episodes:
+            print(f"{r.name}: {r.successes}/{r.episodes} successful ({100 * r.success_rate:.0f}%), "
+                  f"{r.saved} episodes saved, {r.frames} frames", file=sys.stderr, flush=True)
+    saved = sum(r.saved for r in result.envs)
+    where = f"to {result.output}" if result.output else "nothing written"
+    stop = "interrupted: " if result.interrupted else ""
+    print(f"{stop}{saved} episodes, {result.frames} frames in {result.seconds:.1f} s "
+          f"({result.frames_per_second:.1f} frames/s) {where}", file=sys.stderr, flush=True)

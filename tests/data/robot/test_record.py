@@ -1,0 +1,172 @@
+"""``longboat data record``: real Meta-World and Fetch rollouts written, read back and replayed; the Fetch experts'
+success rate; Ctrl-C; bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from longboat.data.robot import RobotDataset
+from longboat.data.robot.record import RecordError, known_envs, make_env, record, register_simulator
+from longboat.data.robot.record.fetch_env import FetchEnv
+from longboat.data.robot.record.optional import import_simulator
+from longboat.data.robot.record.registry import SIMULATORS
+
+SIZE = 32
+
+
+def episodes_of(ds: RobotDataset) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for i in range(len(ds)):
+        item = ds[i]
+        out.setdefault(int(item["episode_index"]), []).append(item)
+    return out
+
+
+@pytest.mark.slow
+def test_metaworld_and_fetch_into_one_dataset(tmp_path):
+    out = tmp_path / "demo"
+    result = record(["metaworld:reach-v3", "fetch:push"], 2, out, image_size=SIZE, max_steps=80, progress=False)
+    ds = RobotDataset(out)
+    assert len(ds) == result.frames and ds.meta.fps == 80  # the first environment's control rate
+    assert ds.meta.tasks == ["reach the goal position", "push the block to the red target"]
+    assert [r.saved for r in result.envs] == [2, 2]
+    episodes = episodes_of(ds)
+    assert len(episodes) == 4
+    for ep, frames in episodes.items():
+        tasks = {f["task"] for f in frames}
+        assert tasks == {"reach the goal position" if ep < 2 else "push the block to the red target"}
+        done = [bool(f["next.done"]) for f in frames]
+        success = [bool(f["next.success"]) for f in frames]
+        assert done == [False] * (len(frames) - 1) + [True]  # an episode ends at its first success or the limit
+        assert not any(success[:-1]) and (success[-1] or len(frames) == 80)
+        img = frames[0]["observation.images.main"]
+        assert img.shape == (3, SIZE, SIZE) and 0.05 < img.mean() < 0.95  # a rendered scene, not a blank frame
+        states = np.stack([f["observation.state"].numpy() for f in frames])
+        if ep >= 2:  # Fetch's 28 numbers are padded to Meta-World's 39
+            assert np.all(states[:, 28:] == 0) and np.any(states[:, :28] != 0)
+    assert sum(r.successes for r in result.envs) >= 3
+
+
+def test_fetch_replays_exactly(tmp_path):
+    """The recorded actions, replayed from the episode's seed, give back the recorded states bit for bit."""
+    out = tmp_path / "reach"
+    record(["fetch:pick_and_place"], 2, out, cameras=(), seed=5, progress=False)
+    env = make_env("fetch:pick_and_place")
+    for ep, frames in episodes_of(RobotDataset(out)).items():
+        state = env.reset(5 + ep)
+        for f in frames:
+            np.testing.assert_array_equal(f["observation.state"].numpy(), state)
+            state, reward, success = env.step(f["action"].numpy())
+            assert float(f["next.reward"]) == reward and bool(f["next.success"]) == success
+    env.close()
+
+
+def test_fetch_experts_succeed(tmp_path):
+    results = record(["fetch:reach", "fetch:push", "fetch:pick_and_place"], 10, tmp_path / "fetch", cameras=(),
+                     only_success=True, progress=False).envs
+    rates = {r.name: r.success_rate for r in results}
+    assert all(rate >= 0.9 for rate in rates.values()), rates
+    assert all(r.saved == r.successes for r in results)  # only the successful episodes are kept
+    ds = RobotDataset(tmp_path / "fetch")
+    assert len(ds.meta.episodes.index) == sum(r.successes for r in results)
+    last = [bool(ds[int(i) - 1]["next.success"]) for i in np.cumsum(ds.meta.episodes.length)]
+    assert all(last)
+
+
+def _run_cli(out):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-m", "longboat", "data", "record", "--env", "fetch:pick_and_place",
+                             "--episodes", "200", "--size", "16", "--output", str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_saved_episodes(tmp_path):
+    out = tmp_path / "demo"
+    proc = _run_cli(out)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".demo.partial-*/data/*/*.parquet")):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted:" in err
+    ds = RobotDataset(out)
+    assert 1 <= len(ds.meta.episodes.index) < 200 and len(ds) == ds.meta.total_frames
+    assert list(tmp_path.iterdir()) == [out]  # no partial directory left behind
+
+
+class InterruptedFetch(FetchEnv):
+    """Fetch reach that gets Ctrl-C at step 2 of episode ``at``."""
+
+    at = 0
+
+    def reset(self, seed: int):
+        self._episode = seed
+        self._t = 0
+        return super().reset(seed)
+
+    def step(self, action):
+        self._t += 1
+        if self._episode == self.at and self._t == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().step(action)
+
+
+@pytest.fixture
+def interrupted_sim():
+    register_simulator("interrupted", lambda: ["reach"])(lambda task: InterruptedFetch(task))
+    yield InterruptedFetch
+    del SIMULATORS["interrupted"]
+
+
+@pytest.mark.parametrize("at", [0, 3])
+def test_ctrl_c_mid_episode(tmp_path, interrupted_sim, at):
+    """Ctrl-C in episode ``at`` keeps exactly the ``at`` episodes before it, or leaves nothing."""
+    interrupted_sim.at = at
+    with pytest.raises(KeyboardInterrupt):
+        record(["interrupted:reach"], 10, tmp_path / "demo", cameras=(), progress=False)
+    if at == 0:
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert list(tmp_path.iterdir()) == [tmp_path / "demo"]
+        assert len(RobotDataset(tmp_path / "demo").meta.episodes.index) == at
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(RecordError, match=r"known fetch tasks: reach, push, pick_and_place"):
+        make_env("fetch:slide")
+    with pytest.raises(RecordError, match=r"simulator one of .*fetch.*metaworld"):
+        make_env("gym:push")
+    assert "metaworld:pick-place-v3" in known_envs() and "fetch:push" in known_envs()
+    with pytest.raises(RecordError, match=r"'no_such_simulator' is not installed: pip install 'longboat\[sim\]'"):
+        import_simulator("no_such_simulator")
+    with pytest.raises(RecordError, match=r"fetch:reach has no camera corner; its cameras: external_camera_0"):
+        record(["fetch:reach"], 1, tmp_path / "a", cameras=["corner"])
+    with pytest.raises(RecordError, match="expected episodes >= 1"):
+        record(["fetch:reach"], 0, tmp_path / "a")
+    with pytest.raises(RecordError, match="distinct environments"):
+        record(["fetch:reach", "fetch:reach"], 1, tmp_path / "a")
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(RecordError, match="already exists"):
+        record(["fetch:reach"], 1, tmp_path / "notes")
+    with pytest.raises(RecordError, match="not a LeRobot dataset; refusing"):
+        record(["fetch:reach"], 1, tmp_path / "notes", overwrite=True)
+    assert list((tmp_path / "notes").iterdir()) == [] and not (tmp_path / "a").exists()
+
+
+def test_overwrite_replaces_a_dataset(tmp_path):
+    out = tmp_path / "d"
+    record(["fetch:reach"], 2, out, cameras=(), progress=False)
+    record(["fetch:reach"], 3, out, cameras=(), progress=False, overwrite=True)
+    assert len(RobotDataset(out).meta.episodes.index) == 3
+    with pytest.raises(RecordError, match="no episode succeeded"):  # a failed recording keeps the old dataset
+        record(["fetch:reach"], 1, out, cameras=(), max_steps=1, seed=3, only_success=True, overwrite=True,
+               progress=False)
+    assert len(RobotDataset(out).meta.episodes.index) == 3 and list(tmp_path.iterdir()) == [out]
