@@ -71,8 +71,10 @@ def test_layout(written):
     assert starts == pytest.approx([0, 1.2, 1.9]) and ends == pytest.approx([1.2, 1.9, 3.4])
     assert eps[2]["tasks"] == ["reach", "grasp"]  # in order of first appearance
     assert np.asarray(eps[0]["stats/observation.images.front/mean"]).shape == (3, 1, 1)
-    tasks = pq.read_table(root / "meta/tasks.parquet").to_pandas()
-    assert tasks["task_index"].to_dict() == {"reach": 0, "grasp": 1}
+    tasks = pq.read_table(root / "meta/tasks.parquet")  # a pandas frame whose index is the task strings
+    index = json.loads(tasks.schema.metadata[b"pandas"])["index_columns"]
+    assert dict(zip(tasks.column(index[0]).to_pylist(), tasks.column("task_index").to_pylist())) == \
+        {"reach": 0, "grasp": 1}
     assert not any(p.name.startswith(".ds.partial") for p in root.parent.iterdir())
 
 
