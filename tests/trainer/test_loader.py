@@ -48,3 +48,36 @@ def test_loader_reports_epochs():
     for _ in range(5):
         next(loader)
     assert loader.epoch == pytest.approx(20 / 16)
+
+
+class _Positions(torch.utils.data.Dataset):
+    positioned = True
+
+    def __len__(self):
+        return 23
+
+    def __getitem__(self, key):
+        row, position = key
+        return {"row": torch.tensor(row), "position": torch.tensor(position)}
+
+
+@pytest.mark.parametrize("epochs", [False, True])
+def test_positions_number_the_sample_stream_whatever_the_layout(epochs):
+    from longboat.data.loader import EpochOrder
+
+    def stream(dp_size, consumed=0, steps=4):
+        loaders = []
+        for rank in range(dp_size):
+            loader = ResumableLoader(_Positions(), 4 // dp_size, rank, dp_size, num_workers=0, consumed=consumed,
+                                     epochs=EpochOrder(global_batch=4, seed=3) if epochs else None)
+            loaders.append(loader)
+        out = []
+        for _ in range(steps):
+            batches = [next(loader) for loader in loaders]
+            out += [(int(r), int(p)) for b in batches for r, p in zip(b["row"], b["position"])]
+        return out
+
+    one = stream(1)
+    assert [p for _, p in one] == list(range(16))  # the position is the sample's place in the job's stream
+    assert stream(2) == one  # the same rows at the same positions on two ranks
+    assert stream(1, consumed=8, steps=2) == one[8:]  # and after a resume

@@ -36,16 +36,18 @@ def _own_process_group(worker_id: int) -> None:
 class ConsecutiveBatchSampler(Sampler[list[int]]):
     """Yields this rank's slice of consecutive global micro-batches, starting at ``consumed``."""
 
-    def __init__(self, dataset_len: int, micro_batch_size: int, dp_rank: int, dp_size: int, consumed: int = 0):
+    def __init__(self, dataset_len: int, micro_batch_size: int, dp_rank: int, dp_size: int, consumed: int = 0,
+                 positioned: bool = False):
         self.n, self.mbs, self.rank, self.world = dataset_len, micro_batch_size, dp_rank, dp_size
-        self.consumed = consumed
+        self.consumed, self.positioned = consumed, positioned
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list]:
         step = self.mbs * self.world
         start = self.consumed
         while start + step <= self.n:
             first = start + self.rank * self.mbs
-            yield list(range(first, first + self.mbs))
+            rows = range(first, first + self.mbs)
+            yield [(r, r) for r in rows] if self.positioned else list(rows)
             start += step
 
     def __len__(self) -> int:
@@ -60,8 +62,9 @@ class EpochBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, dataset_len: int, micro_batch_size: int, dp_rank: int, dp_size: int, global_batch: int,
-                 seed: int, consumed: int = 0):
+                 seed: int, consumed: int = 0, positioned: bool = False):
         self.mbs, self.rank, self.world, self.seed, self.consumed = micro_batch_size, dp_rank, dp_size, seed, consumed
+        self.positioned = positioned
         self.n = dataset_len
         self.per_epoch = samples_per_epoch(dataset_len, global_batch)
 
@@ -69,14 +72,18 @@ class EpochBatchSampler(Sampler[list[int]]):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.n, generator=g)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list]:
         step = self.mbs * self.world
         epoch, offset = divmod(self.consumed, self.per_epoch)
         while True:
             order = self.permutation(epoch)
             for start in range(offset, self.per_epoch, step):
                 first = start + self.rank * self.mbs
-                yield order[first : first + self.mbs].tolist()
+                rows = order[first : first + self.mbs].tolist()
+                if self.positioned:
+                    base = epoch * self.per_epoch + first
+                    rows = [(r, base + j) for j, r in enumerate(rows)]
+                yield rows
             epoch, offset = epoch + 1, 0
 
 
@@ -115,11 +122,13 @@ class ResumableLoader:
         return self.consumed / samples_per_epoch(len(self.dataset), self.epochs.global_batch)
 
     def _make_iter(self) -> Iterator:
+        positioned = bool(getattr(self.dataset, "positioned", False))
         if self.epochs is not None:
             sampler = EpochBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size,
-                                        self.epochs.global_batch, self.epochs.seed, self.consumed)
+                                        self.epochs.global_batch, self.epochs.seed, self.consumed, positioned)
         else:
-            sampler = ConsecutiveBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size, self.consumed)
+            sampler = ConsecutiveBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size, self.consumed,
+                                              positioned)
         loader = DataLoader(
             self.dataset,
             batch_sampler=sampler,

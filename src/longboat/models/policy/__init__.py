@@ -1,0 +1,6 @@
+"""Robot policies: the shared contract (``base``), keyed randomness, and one folder per policy family."""
+
+from longboat.models.policy.base import Policy, PolicyConfig
+from longboat.models.policy.keyed_random import keyed_normal, keyed_randint, keyed_uniform, noise_key
+
+__all__ = ["Policy", "PolicyConfig", "keyed_normal", "keyed_randint", "keyed_uniform", "noise_key"]
