@@ -21,7 +21,7 @@ def small_obs(i: int = 0) -> dict:
 def random_server(**server_fields):
     policy_fields = server_fields.pop("policy", {})
     policy = RandomPolicy(RandomPolicyConfig(**{"observation": SMALL, **policy_fields}))
-    server = PolicyServer(policy, ServerConfig(port=0, **server_fields))
+    server = PolicyServer(policy, ServerConfig(**{"port": 0, **server_fields}))
     with serving_in_thread(server) as port:
         yield server, port
 

@@ -1,7 +1,7 @@
 """A stand-in policy for testing clients and measuring the server: an untrained MLP with fixed-seed weights.
 
 Its actions mean nothing; they are a deterministic function of the observation and the request's seed (the MLP
-over per-channel image means and the state, plus keyed noise), so batched and unbatched answers can be compared.
+over per-channel image means and the state, plus noise drawn from the seed), so batched and unbatched answers can be compared.
 ``delay_ms`` adds a fixed time per forward pass, standing in for a heavier model.
 """
 
@@ -18,7 +18,6 @@ from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel, validate
 from longboat.eval.served import RequestError, array_of, check_keys, image_tensor, vector_tensor
-from longboat.models.policy.keyed_random import keyed_normal
 
 LIBERO_LIKE = {"observation/image": [224, 224, 3], "observation/wrist_image": [224, 224, 3], "observation/state": [8]}
 
@@ -95,9 +94,9 @@ class RandomPolicy:
     @torch.no_grad()
     def infer(self, observations: list[dict], seeds: list[int]) -> list[dict]:
         x = torch.stack([self._features(o) for o in observations]).to(self.device)
-        keys = torch.tensor(seeds, dtype=torch.int64, device=self.device)
         shape = (self.cfg.horizon, self.cfg.action_dim)
-        actions = self.net(x).reshape(len(observations), *shape) + self.cfg.noise * keyed_normal(keys, shape)
+        noise = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in seeds])
+        actions = self.net(x).reshape(len(observations), *shape) + self.cfg.noise * noise.to(self.device)
         if self.cfg.delay_ms:
             time.sleep(self.cfg.delay_ms / 1000)
         self.forward_passes += 1

@@ -7,19 +7,16 @@ exported first, so the server never reads a pickle.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from longboat.checkpoint.export import EXPORT_CONFIG
 from longboat.config.base import ConfigError
-from longboat.data.robot.transforms import load_pipeline
-from longboat.eval.exported import ExportedPolicy
 from longboat.eval.random_policy import RandomPolicy, load_random_policy_config
 from longboat.eval.served import ServedPolicy
 from longboat.eval.server import PolicyServer, ServerConfig
-from longboat.models.policy.base import Policy
-from longboat.recipes.artifact import open_artifact
 
 POLICY_MANIFEST = "policy.json"
 
@@ -54,7 +51,13 @@ def read_manifest(directory: Path) -> tuple[dict[str, str], dict[str, list[int]]
     return wire_keys, shapes
 
 
-def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> ExportedPolicy:
+def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> ServedPolicy:
+    # Imported here: the model registry takes seconds to import, which a --random-policy server does without.
+    from longboat.data.robot.transforms import load_pipeline
+    from longboat.eval.exported import ExportedPolicy
+    from longboat.models.policy.base import Policy
+    from longboat.recipes.artifact import open_artifact
+
     directory = export_dir(path)
     artifact = open_artifact(directory)
     if not isinstance(artifact.model, Policy):
@@ -75,4 +78,6 @@ def random_policy(spec: str, device: str | torch.device = "cpu") -> RandomPolicy
 
 
 def serve(policy: ServedPolicy, cfg: ServerConfig) -> None:
+    """Serve in the foreground until Ctrl-C or SIGTERM, logging to stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     PolicyServer(policy, cfg).run()
