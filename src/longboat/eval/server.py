@@ -5,9 +5,10 @@ frame, wrong keys, a bad seed, an exception in the policy) is answered with a te
 traceback) and a close with code 1011, as openpi does; an oversize frame is refused before it is read (close code
 1009, the limit in the reason). Other connections are not affected. ``GET /healthz`` answers 200.
 
-Requests from all connections meet in one queue; a batcher takes the first, waits up to ``batch_window_ms`` for
-more (``max_batch`` at most; a window of 0 serves one request at a time) and hands the batch to the policy in one
-worker thread, so the event loop keeps reading, answering and batching while the policy computes.
+Requests from all connections meet in one queue, read by one worker thread: it takes the first, waits up to
+``batch_window_ms`` for more (``max_batch`` at most, and never for more requests than there are connected clients,
+so a lone client waits for nobody; a window of 0 serves one request at a time) and hands the batch to the policy,
+while the event loop keeps reading, decoding, checking and answering.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import asyncio
 import hmac
 import http
 import logging
+import queue
 import secrets
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -69,13 +70,14 @@ class PolicyServer:
         self.policy, self.cfg = policy, cfg or ServerConfig()
         self.stats = ServerStats()
         self._metadata = Packer().pack(dict(policy.metadata))
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longboat-infer")
-        self._queue: asyncio.Queue[_Pending] | None = None
+        self._requests: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._connections = 0
 
     async def serve(self, ready: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
         """Serve until ``stop`` is set (or the task is cancelled); ``ready`` receives the bound port."""
-        self._queue = asyncio.Queue()
-        batcher = asyncio.create_task(self._batch_forever())
+        worker = threading.Thread(target=self._work, args=(asyncio.get_running_loop(),), name="longboat-infer",
+                                  daemon=True)
+        worker.start()
         try:
             async with serve(self._handle, self.cfg.host, self.cfg.port, compression=None,
                              max_size=self.cfg.max_message_bytes, process_request=self._process_request) as server:
@@ -86,8 +88,7 @@ class PolicyServer:
                     ready.set_result(port)
                 await (stop.wait() if stop is not None else asyncio.Future())
         finally:
-            batcher.cancel()
-            self._worker.shutdown(wait=False, cancel_futures=True)
+            self._requests.put(None)  # the worker ends after the batch it is computing
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path == HEALTH_PATH:
@@ -102,6 +103,7 @@ class PolicyServer:
         packer = Packer()
         await ws.send(self._metadata)
         prev_total_ms = None
+        self._connections += 1
         try:
             async for message in ws:
                 start = time.monotonic()
@@ -122,6 +124,8 @@ class PolicyServer:
                 prev_total_ms = (time.monotonic() - start) * 1000
         except ConnectionClosed:
             pass
+        finally:
+            self._connections -= 1
 
     async def _answer(self, message: bytes | str) -> dict:
         if isinstance(message, str):
@@ -134,37 +138,32 @@ class PolicyServer:
             seed = secrets.randbelow(MAX_SEED + 1)
         self.policy.check(obs)
         pending = _Pending(obs, seed, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(pending)
+        self._requests.put(pending)
         result, infer_ms = await pending.future
         return {**{k: to_numpy(v) for k, v in result.items()}, SEED_KEY: seed, "policy_timing": {"infer_ms": infer_ms}}
 
-    async def _batch_forever(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _work(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The worker thread: take a request, gather a batch within the window, infer, hand the results back to
+        the event loop in one call. Batching here rather than on the loop saves a request a hop between tasks."""
         window = self.cfg.batch_window_ms / 1000
-        while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + window
-            while window > 0 and len(batch) < self.cfg.max_batch:
-                if not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
-                    continue
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
+        while (first := self._requests.get()) is not None:
+            batch, deadline = [first], time.monotonic() + window
+            while window > 0 and len(batch) < min(self.cfg.max_batch, self._connections):
+                remaining = deadline - time.monotonic()
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except asyncio.TimeoutError:
+                    pending = self._requests.get(timeout=remaining) if remaining > 0 else self._requests.get_nowait()
+                except queue.Empty:
                     break
-            batch = [p for p in batch if not p.future.done()]  # a client that left is not computed for
+                if pending is None:
+                    return
+                batch.append(pending)
+            batch = [p for p in batch if not p.future.cancelled()]  # a client that left is not computed for
             if batch:
-                outcomes = await loop.run_in_executor(self._worker, self._infer, batch)
-                for pending, outcome in zip(batch, outcomes):
-                    if pending.future.done():
-                        continue
-                    if isinstance(outcome, BaseException):
-                        pending.future.set_exception(outcome)
-                    else:
-                        pending.future.set_result(outcome)
+                outcomes = self._infer(batch)
+                try:
+                    loop.call_soon_threadsafe(_settle, batch, outcomes)
+                except RuntimeError:  # the loop closed while the batch computed: the server has stopped
+                    return
 
     def _infer(self, batch: list[_Pending]) -> list:
         """In the worker thread: the batch in one call; if it fails, each request alone, so only the request that
@@ -233,6 +232,16 @@ def serving_in_thread(server: PolicyServer, timeout: float = 30.0) -> Iterator[i
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout)
         loop.close()
+
+
+def _settle(batch: list[_Pending], outcomes: list) -> None:
+    for pending, outcome in zip(batch, outcomes):
+        if pending.future.done():  # its client left
+            continue
+        if isinstance(outcome, BaseException):
+            pending.future.set_exception(outcome)
+        else:
+            pending.future.set_result(outcome)
 
 
 def _bound_port(server: Server) -> int:
