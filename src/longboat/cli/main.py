@@ -140,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from longboat.config.base import ConfigError, validate
     from longboat.eval.server import ServerConfig
-    from longboat.recipes.serve import open_served_policy, random_policy, serve
+    from longboat.recipes.serve import open_served_policy, random_policy, serve, set_cpu_threads
 
     if (args.path is None) == (args.random_policy is None):
         raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")
@@ -148,6 +148,7 @@ def _serve(args: argparse.Namespace) -> int:
               "max_batch": args.max_batch, "max_message_bytes": args.max_message_bytes,
               "api_key": os.environ.get("LONGBOAT_API_KEY") or None}
     cfg = validate(ServerConfig, fields, "serve")
+    set_cpu_threads(args.threads)
     device = args.device or ("cuda" if _cuda() else "cpu")
     policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
     serve(policy, cfg)
@@ -281,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=32, help="most requests in one forward pass")
     p.add_argument("--max-message-bytes", type=int, default=32 << 20, help="larger requests are refused unread")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=_at_least_one, default=None,
+                   help="torch CPU threads (default: all but one core, which is left to the event loop)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("models", help="list the model presets")

@@ -77,6 +77,15 @@ def random_policy(spec: str, device: str | torch.device = "cpu") -> RandomPolicy
     return RandomPolicy(load_random_policy_config(spec), device)
 
 
+def set_cpu_threads(threads: int | None) -> int:
+    """Torch's CPU threads for the policy: ``threads``, else all that torch would use but one, which is left to
+    the event loop (intra-op threads spinning on its core slow every request, by tens of times when cores are
+    scarce)."""
+    n = threads if threads is not None else max(1, torch.get_num_threads() - 1)
+    torch.set_num_threads(n)
+    return n
+
+
 def serve(policy: ServedPolicy, cfg: ServerConfig) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM, logging to stderr."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
