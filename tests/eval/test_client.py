@@ -1,6 +1,8 @@
 """``PolicyClient`` against the real server: reconnection, timeouts, errors; ``ActionChunker``'s schedule and
 temporal ensembling."""
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -85,3 +87,10 @@ def test_chunker_temporal_ensembling():
 def test_chunker_refuses_chunks_shorter_than_the_replanning_period():
     with pytest.raises(ServerError, match="horizon >= 4"):
         ActionChunker(_Chunks(horizon=3), replan_every=4).step({})
+
+
+def test_client_and_manager_import_without_torch():
+    """A simulator worker talks to the server without loading torch."""
+    code = "import sys, longboat.eval.client, longboat.eval.server_manager; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

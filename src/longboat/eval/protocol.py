@@ -17,6 +17,10 @@ import numpy as np
 
 from longboat.errors import LongboatError
 
+HEALTH_PATH = "/healthz"  # GET answers 200 while the server runs
+PROMPT_KEY = "prompt"  # openpi clients send the task instruction under this key
+SEED_KEY = "seed"  # optional in a request; always in the reply, so a run can be replayed
+
 # bool, signed and unsigned integers, floats, fixed-width bytes and text: nothing that can hold a pointer
 _SAFE_KINDS = frozenset("biufSU")
 MAX_DIMS = 32

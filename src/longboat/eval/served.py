@@ -13,9 +13,8 @@ import numpy as np
 import torch
 
 from longboat.errors import LongboatError
+from longboat.eval.protocol import PROMPT_KEY, SEED_KEY
 
-PROMPT_KEY = "prompt"  # openpi clients send the task instruction under this key
-SEED_KEY = "seed"  # optional in a request; always in the reply, so a run can be replayed
 MAX_SEED = (1 << 63) - 1
 
 

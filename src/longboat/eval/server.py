@@ -33,11 +33,10 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from longboat.config.base import StrictModel
-from longboat.eval.protocol import Packer, ProtocolError, unpackb
-from longboat.eval.served import MAX_SEED, SEED_KEY, RequestError, ServedPolicy, seed_of, to_numpy
+from longboat.eval.protocol import HEALTH_PATH, SEED_KEY, Packer, ProtocolError, unpackb
+from longboat.eval.served import MAX_SEED, RequestError, ServedPolicy, seed_of, to_numpy
 
 log = logging.getLogger("longboat.serve")
-HEALTH_PATH = "/healthz"
 
 
 class ServerConfig(StrictModel):

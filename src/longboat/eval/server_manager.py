@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from longboat.errors import LongboatError
-from longboat.eval.server import HEALTH_PATH
+from longboat.eval.protocol import HEALTH_PATH
 
 log = logging.getLogger("longboat.serve")
 
