@@ -142,7 +142,7 @@ def measure_single(args: argparse.Namespace, dataset: str) -> dict:
         without_loading = median_step_s(trainer_for(resolved, data, samples), args)
 
         model = resolved.spec.build(resolved.model).eval()
-        pipeline = resolved.task._pipeline(train=False)
+        pipeline = resolved.task.pipeline(train=False)
         bundle = PolicyBundle(model, resolved.model, pipeline, {}, None, Path(dataset))
         frames = data.train.frames
         latency = {}
