@@ -157,9 +157,9 @@ class PolicyTask(Task):
         if model_cfg.state_feature is not None:
             self._known_feature(model_cfg.state_feature, "state_feature")
         self._known_feature(model_cfg.action_feature, "action_feature")
-        pool = self._pool()
+        pool = set(self._pool())
         eps = self.meta.episodes
-        lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in set(pool)}
+        lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in pool}
         shortest = min(lengths, key=lengths.get)
         if model_cfg.horizon > lengths[shortest]:
             raise ConfigError(f"model.horizon={model_cfg.horizon} is longer than episode {shortest} of "
@@ -168,10 +168,14 @@ class PolicyTask(Task):
         self._split(0)
         self.pipeline(train=True)
         used = set(observation_keys(model_cfg))
-        for wire, feature in (self.data.wire_keys or {}).items():
-            if feature not in used:
-                raise ConfigError(f"data.wire_keys.{wire}: '{feature}' is not an observation the policy reads "
-                                  f"({', '.join(sorted(used))})")
+        if self.data.wire_keys is not None:
+            for wire, feature in self.data.wire_keys.items():
+                if feature not in used:
+                    raise ConfigError(f"data.wire_keys.{wire}: '{feature}' is not an observation the policy reads "
+                                      f"({', '.join(sorted(used))})")
+            unmapped = sorted(used - set(self.data.wire_keys.values()))
+            if unmapped:
+                raise ConfigError(f"data.wire_keys: no wire key maps to {unmapped}, which the policy reads")
         tokenizer = getattr(model_cfg, "tokenizer", None)
         if tokenizer is not None:
             self._prompt_tokens(model_cfg)
