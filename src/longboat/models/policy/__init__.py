@@ -3,4 +3,7 @@
 from longboat.models.policy.base import Policy, PolicyConfig
 from longboat.models.policy.keyed_random import keyed_normal, keyed_randint, keyed_uniform, noise_key
 
+# Policy families register themselves; they import the contract above, so they come after it.
+from longboat.models.policy import act  # noqa: F401,E402  (registers "act")
+
 __all__ = ["Policy", "PolicyConfig", "keyed_normal", "keyed_randint", "keyed_uniform", "noise_key"]
