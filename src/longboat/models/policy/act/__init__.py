@@ -10,6 +10,7 @@ ACT_SPEC = register_model(ModelSpec(
     module=ACT,
     presets="longboat.models.policy.act",
     parallel_units=("backbone", "vae_encoder.layers", "encoder.layers", "decoder.layers"),
+    forward_methods=("predict",),
 ))
 
 __all__ = ["ACT", "ACTConfig", "ACT_SPEC"]
