@@ -7,6 +7,7 @@ import torch
 from longboat.config.base import ConfigError, validate
 from longboat.models import build_model, get_model
 from longboat.models.policy.act import ACT, ACTConfig
+from longboat.models.policy.act.transformer import sinusoid_2d
 from longboat.recipes.policy_bundle import open_policy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
@@ -52,6 +53,15 @@ def test_shapes_of_the_loss_and_the_action_chunk():
     torch.testing.assert_close(out["loss"], out["l1"] + 10.0 * out["kl"])
     assert (out["kl"] >= 0).all()
     assert model.predict(batch).shape == (5, 10, 3)
+
+
+def test_image_positions_tell_every_cell_apart():
+    pos = sinusoid_2d(3, 5, 16)
+    assert pos.shape == (15, 16) and pos.abs().max() <= 1
+    assert torch.cdist(pos, pos).add(torch.eye(15)).min() > 0.1  # no two cells share a position
+    grid = pos.view(3, 5, 16)
+    torch.testing.assert_close(grid[:, :1, :8].expand(3, 5, 8), grid[..., :8])  # the first half encodes the row
+    torch.testing.assert_close(grid[:1, :, 8:].expand(3, 5, 8), grid[..., 8:])  # the second half the column
 
 
 def test_two_cameras_and_no_state():

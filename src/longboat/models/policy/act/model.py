@@ -92,13 +92,13 @@ class ACT(Policy):
         tokens = [self.latent_proj(latent)[:, None]]
         if state is not None:
             tokens.append(self.state_proj(state)[:, None])
-        pos = [self.token_pos.weight[None].expand(B, -1, -1)]
+        pos = [self.token_pos.weight]
         for key in self.cameras:
             features = self.image_proj(self.backbone(obs[key][:, -1]))  # [B, d, h, w]
             tokens.append(features.flatten(2).transpose(1, 2))
             h, w = features.shape[2:]
-            pos.append(sinusoid_2d(h, w, features.shape[1], features.device).to(features.dtype)[None].expand(B, -1, -1))
-        memory_pos = torch.cat(pos, dim=1)
+            pos.append(sinusoid_2d(h, w, features.shape[1], features.device).to(features.dtype))
+        memory_pos = torch.cat(pos)[None]  # [1, tokens, d], the same for every sample
         memory = self.encoder(torch.cat(tokens, dim=1), memory_pos)
         query_pos = self.queries.weight[None].expand(B, -1, -1)
         out = self.decoder(torch.zeros_like(query_pos), query_pos, memory, memory_pos)
@@ -121,6 +121,6 @@ class ACT(Policy):
         """The action chunk at the prior's mean latent (zero), as ACT acts; deterministic, so ``noise_key`` is
         unused."""
         state = self._state(obs)
+        B = (state if state is not None else obs[self.cameras[0]]).shape[0]
         ref = self.latent_proj.weight
-        B = (obs[self.cfg.state_feature] if state is not None else obs[self.cameras[0]]).shape[0]
         return self._act(obs, state, torch.zeros(B, self.cfg.latent_dim, device=ref.device, dtype=ref.dtype))
