@@ -40,6 +40,8 @@ class ModelSpec:
     ``ModuleList``/``ModuleDict`` contributes each child, any other module itself (LeRobot's ``_fsdp_wrap_modules``).
     ``tensor_parallel(cfg, tp)`` checks that the config can be split ``tp`` ways and returns the plan (module
     pattern -> parallel style); None: the architecture has no tensor-parallel plan.
+    ``forward_methods`` name methods besides ``forward`` that run the whole model (a policy's ``predict``), so
+    FSDP2 gathers the weights for them too.
     """
 
     name: str
@@ -47,6 +49,7 @@ class ModelSpec:
     module: type[nn.Module]
     presets: str | None = None  # package whose ``presets/`` folder holds ``<name>.yaml`` config fields
     parallel_units: tuple[str, ...] = ()
+    forward_methods: tuple[str, ...] = ()
     tensor_parallel: Callable[[Any, int], dict] | None = None
     hf: HFInterop | None = None
 
