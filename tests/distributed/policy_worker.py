@@ -26,6 +26,7 @@ from longboat.trainer.trainer import DataParallel, Trainer
 # Every policy architecture with the model fields of its distributed test: other policies add their entry.
 ARCHS: dict[str, dict] = {
     "mlp": {"preset": "tiny"},
+    "diffusion": {"preset": "tiny"},
 }
 LAYOUTS: dict[str, dict | None] = {
     "single": None,

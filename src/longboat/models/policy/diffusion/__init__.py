@@ -11,6 +11,7 @@ DIFFUSION = register_model(ModelSpec(
     module=DiffusionPolicy,
     presets="longboat.models.policy.diffusion",
     parallel_units=("encoder.cameras", "unet.down", "unet.mid", "unet.up"),
+    forward_methods=("predict",),
 ))
 
 __all__ = ["DIFFUSION", "DiffusionConfig", "DiffusionPolicy", "NoiseScheduler"]
