@@ -27,6 +27,8 @@ from longboat.trainer.trainer import DataParallel, Trainer
 ARCHS: dict[str, dict] = {
     "mlp": {"preset": "tiny"},
     "act": {"preset": "tiny"},
+
+    "diffusion": {"preset": "tiny"},
 }
 LAYOUTS: dict[str, dict | None] = {
     "single": None,
