@@ -32,6 +32,13 @@ class HFInterop(Protocol):
              dtype: str | None = None, max_shard_size: int | str = "5GB") -> Path: ...
 
 
+class InitialWeights(Protocol):
+    """Pretrained weights some of an architecture's parameters start from (e.g. a VLA's language backbone)."""
+
+    def source(self, cfg: Any) -> str | None: ...  # where they come from; None: random initialisation only
+    def read(self, cfg: Any) -> dict: ...  # a partial state dict under the model's names (read on rank 0)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the engine needs to know about an architecture.
@@ -39,7 +46,8 @@ class ModelSpec:
     ``parallel_units`` name the modules that activation checkpointing, compile and FSDP treat as units: a
     ``ModuleList``/``ModuleDict`` contributes each child, any other module itself (LeRobot's ``_fsdp_wrap_modules``).
     ``tensor_parallel(cfg, tp)`` checks that the config can be split ``tp`` ways and returns the plan (module
-    pattern -> parallel style); None: the architecture has no tensor-parallel plan.
+    pattern -> parallel style); None: the architecture has no tensor-parallel plan. ``initial_weights``: loaded
+    into a new run's model before training (a resumed run's checkpoint replaces them).
     """
 
     name: str
@@ -49,6 +57,7 @@ class ModelSpec:
     parallel_units: tuple[str, ...] = ()
     tensor_parallel: Callable[[Any, int], dict] | None = None
     hf: HFInterop | None = None
+    initial_weights: InitialWeights | None = None
 
     def build(self, cfg: StrictModel) -> nn.Module:
         return self.module(cfg)

@@ -3,4 +3,6 @@
 from longboat.models.policy.base import Policy, PolicyConfig
 from longboat.models.policy.keyed_random import keyed_normal, keyed_randint, keyed_uniform, noise_key
 
+from longboat.models.policy import flow_vla  # noqa: E402,F401  (registers "flow_vla")
+
 __all__ = ["Policy", "PolicyConfig", "keyed_normal", "keyed_randint", "keyed_uniform", "noise_key"]
