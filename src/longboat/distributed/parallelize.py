@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -127,8 +127,10 @@ def apply_compile(model: nn.Module, units: Sequence[str]) -> None:
 
 
 # ---- data parallel -----------------------------------------------------------------------------------------
-def apply_fsdp(model: nn.Module, units: Sequence[str], mesh: ParallelMesh, cfg: ParallelConfig) -> None:
-    """FSDP2 per unit, then the root (whatever no unit holds: embeddings, final norm, head); HSDP on a 2-D mesh."""
+def apply_fsdp(model: nn.Module, units: Sequence[str], mesh: ParallelMesh, cfg: ParallelConfig,
+               forward_methods: Sequence[str] = ()) -> None:
+    """FSDP2 per unit, then the root (whatever no unit holds: embeddings, final norm, head); HSDP on a 2-D mesh.
+    ``forward_methods`` (e.g. a policy's ``predict``) gather the root's weights as ``forward`` does."""
     mp = MixedPrecisionPolicy(
         param_dtype=_DTYPES[cfg.param_dtype] if cfg.param_dtype != "fp32" else None,
         reduce_dtype=_DTYPES[cfg.reduce_dtype],
@@ -139,6 +141,8 @@ def apply_fsdp(model: nn.Module, units: Sequence[str], mesh: ParallelMesh, cfg: 
         reshard = cfg.reshard_after_forward and i < len(blocks) - 1
         fully_shard(block, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
+    for name in forward_methods:
+        register_fsdp_forward_method(model, name)
 
 
 def apply_ddp(model: nn.Module, mesh: ParallelMesh, device: torch.device, cfg: ParallelConfig) -> nn.Module:
@@ -200,16 +204,19 @@ def parallelize(
     tp_plan: dict[str, ParallelStyle] | None = None,
     device: torch.device | str = "cpu",
     units: Sequence[str] | None = None,
+    forward_methods: Sequence[str] | None = None,
 ) -> nn.Module:
     """Apply ``cfg`` to ``model`` on ``mesh`` (None: one process) and return the module to train.
 
-    ``units`` default to the ones the model's registered spec declares. The result is the same module, except
+    ``units`` and ``forward_methods`` default to the ones the model's registered spec declares. The result is the same module, except
     with DDP, whose wrapper is returned. A model built on the meta device comes back allocated on ``device`` and
     initialised.
     """
     device = torch.device(device)
     if units is None:
         units = spec_of(model).parallel_units
+    if forward_methods is None:
+        forward_methods = spec_of(model).forward_methods
     uses_fsdp = mesh is not None and cfg.data_parallel == "fsdp"
     if cfg.param_dtype != "fp32" and not uses_fsdp:
         raise ConfigError(
@@ -227,7 +234,7 @@ def parallelize(
     if cfg.compile:
         apply_compile(model, units)
     if uses_fsdp:
-        apply_fsdp(model, units, mesh, cfg)
+        apply_fsdp(model, units, mesh, cfg, forward_methods)
     if _on_meta(model):
         materialize(model, device)
     if mesh is not None and cfg.data_parallel == "ddp":

@@ -46,8 +46,10 @@ class ModelSpec:
     ``parallel_units`` name the modules that activation checkpointing, compile and FSDP treat as units: a
     ``ModuleList``/``ModuleDict`` contributes each child, any other module itself (LeRobot's ``_fsdp_wrap_modules``).
     ``tensor_parallel(cfg, tp)`` checks that the config can be split ``tp`` ways and returns the plan (module
-    pattern -> parallel style); None: the architecture has no tensor-parallel plan. ``initial_weights``: loaded
-    into a new run's model before training (a resumed run's checkpoint replaces them).
+    pattern -> parallel style); None: the architecture has no tensor-parallel plan.
+    ``forward_methods`` name methods besides ``forward`` that run the whole model (a policy's ``predict``), so
+    FSDP2 gathers the weights for them too. ``initial_weights``: loaded into a new run's model before training
+    (a resumed run's checkpoint replaces them).
     """
 
     name: str
@@ -55,6 +57,7 @@ class ModelSpec:
     module: type[nn.Module]
     presets: str | None = None  # package whose ``presets/`` folder holds ``<name>.yaml`` config fields
     parallel_units: tuple[str, ...] = ()
+    forward_methods: tuple[str, ...] = ()
     tensor_parallel: Callable[[Any, int], dict] | None = None
     hf: HFInterop | None = None
     initial_weights: InitialWeights | None = None

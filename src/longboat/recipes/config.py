@@ -15,7 +15,7 @@ from pydantic import Field
 
 from longboat.config.base import ConfigError, StrictModel, apply_overrides, dump_yaml, load_yaml, validate
 from longboat.distributed.config import ParallelConfig
-from longboat.models import ModelSpec, get_model, hf_spec
+from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.lora import LoRAConfig
 from longboat.tasks import Task, get_task
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
@@ -82,10 +82,20 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
     task = get_task(cfg.task)
     task_obj = task(validate(task.data_config, cfg.data, source, prefix="data"))
     arch, fields = model_fields(cfg.model, source)
+    _check_arch_fits_task(task, arch, cfg.task, source)
     if from_data:
         fields = task_obj.configure_model(fields)
     model_cfg = validate(get_model(arch).config, fields, source, prefix="model")
     return ResolvedRun(cfg, arch, model_cfg, task_obj.data, task_obj)
+
+
+def _check_arch_fits_task(task: type[Task], arch: str, task_name: str, source: str) -> None:
+    base = task.model_config
+    if base is None or issubclass(get_model(arch).config, base):
+        return
+    fitting = [name for name in model_names() if issubclass(get_model(name).config, base)]
+    raise ConfigError(f"{source}: model.arch '{arch}' is not a model task '{task_name}' trains (its config does not "
+                      f"derive from {base.__name__}); known: {', '.join(fitting) or 'none'}")
 
 
 def load_run_config(path: str | os.PathLike, overrides: list[str] = (), from_data: bool = True) -> ResolvedRun:

@@ -83,7 +83,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     if cfg.lora is not None:
         groups = lora_param_groups(model, groups)
     n_frozen = freeze_outside(model, groups)
-    model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units)
+    model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units,
+                        spec.forward_methods)
     if "hf" in cfg.model:
         _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
     elif spec.initial_weights is not None and spec.initial_weights.source(resolved.model) is not None:

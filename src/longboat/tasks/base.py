@@ -32,6 +32,8 @@ class TaskData:
 class Task(TrainerHooks):
     name: ClassVar[str]
     data_config: ClassVar[type[StrictModel]]
+    #: the config class every model this task trains derives from (None: any architecture)
+    model_config: ClassVar[type[StrictModel] | None] = None
 
     def __init__(self, data: StrictModel):
         self.data = data

@@ -54,6 +54,15 @@ def test_image_window_and_unwindowed_keys(written):
     assert item["observation.state"].shape == (5,) and item["observation.images.front"].shape == (3, 32, 48)
 
 
+def test_only_the_chosen_cameras_are_decoded(written):
+    root, _ = written
+    item = RobotDataset(root, cameras=["observation.images.wrist"])[3]
+    assert "observation.images.front" not in item and item["observation.images.wrist"].shape == (3, 16, 24)
+    assert not any(k.startswith("observation.images") for k in RobotDataset(root, cameras=[])[3])
+    with pytest.raises(RobotDataError, match="'observation.state' is not a camera"):
+        RobotDataset(root, cameras=["observation.state"])
+
+
 def test_episode_subset(written):
     root, episodes = written
     ds = RobotDataset(root, episodes=[2, 0], delta_timestamps={"action": [0.0, 0.1]})

@@ -2,7 +2,8 @@
 
 An item holds every feature of one frame as torch tensors: numeric features as stored (shape-[1] features as 0-d
 tensors), cameras (video or parquet images) as float32 [C, H, W] in [0, 1], plus ``task`` (the string). Keys in
-``delta_timestamps`` become windows [T, ...] with a bool ``<key>_is_pad``.
+``delta_timestamps`` become windows [T, ...] with a bool ``<key>_is_pad``. ``cameras`` limits the cameras decoded
+(a state-only policy need not pay for video).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class RobotDataset(Dataset):
         episodes: Sequence[int] | None = None,
         video_backend: str = "pyav",
         tolerance_s: float = 1e-4,
+        cameras: Sequence[str] | None = None,
     ):
         if video_backend not in VIDEO_BACKENDS:
             raise RobotDataError(f"video_backend {video_backend!r} is not supported (expected one of "
@@ -44,15 +46,21 @@ class RobotDataset(Dataset):
         self.delta_timestamps = {k: list(v) for k, v in (delta_timestamps or {}).items()}
         for key in self.delta_timestamps:
             self.meta.feature(key)
+        self.cameras = list(self.meta.camera_keys if cameras is None else cameras)
+        for key in self.cameras:
+            if not self.meta.feature(key).is_visual:
+                raise RobotDataError(f"{self.root}: '{key}' is not a camera (cameras: "
+                                     f"{', '.join(self.meta.camera_keys) or 'none'})")
         self.delta_indices = delta_indices(self.delta_timestamps, self.meta.fps, tolerance_s)
         self.positions = self._select(episodes)
+        self._video_keys = [k for k in self.meta.video_keys if k in self.cameras]
         self.frames = FrameColumns(self.meta, self.positions)
         # Row range of each selected episode within this dataset's rows.
         lengths = self.meta.episodes.length[self.positions]
         self._ep_end = np.cumsum(lengths)
         self._ep_start = self._ep_end - lengths
         self._row_episode = np.repeat(np.arange(len(self.positions)), lengths)
-        for key in self.meta.video_keys:  # a missing file fails now, not in a loader worker hours later
+        for key in self._video_keys:  # a missing file fails now, not in a loader worker hours later
             for rel in dict.fromkeys(self.meta.episodes.video_file[key][p] for p in self.positions):
                 if not (self.root / rel).is_file():
                     raise VideoDecodeError(f"{self.root / rel}: video file of '{key}' not found")
@@ -108,12 +116,14 @@ class RobotDataset(Dataset):
         for key, values in self.frames.strings.items():
             item[key] = values[row]
         for key, column in self.frames.images.items():
+            if key not in self.cameras:
+                continue
             rows = rows_of.get(key)
             imgs = [decode_image(column, int(r), self.root, key) for r in (rows if rows is not None else [row])]
             item[key] = _to_chw_float(np.stack(imgs), windowed=rows is not None)
         pos = self.positions[ep]
         timestamps = self.frames.numeric["timestamp"]
-        for key in self.meta.video_keys:
+        for key in self._video_keys:
             rows = rows_of.get(key)
             ts = timestamps[rows] if rows is not None else timestamps[row : row + 1]
             shift = self.meta.episodes.video_start[key][pos]

@@ -13,8 +13,8 @@ from longboat.data.robot.transforms.base import (
     register_transform,
     transform_names,
 )
-from longboat.data.robot.transforms.export import load_pipeline, pipeline_assets
+from longboat.data.robot.transforms.export import load_pipeline, pipeline_assets, pipeline_from_assets
 from longboat.data.robot.transforms.pipeline import Pipeline
 
 __all__ = ["Pipeline", "Transform", "TransformError", "get_transform", "load_pipeline", "pipeline_assets",
-           "register_transform", "transform_names"]
+           "pipeline_from_assets", "register_transform", "transform_names"]

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import load, save
 
 from longboat.config.base import ConfigError
 from longboat.data.robot.transforms.pipeline import Pipeline
@@ -31,15 +31,20 @@ def load_pipeline(directory: str | os.PathLike, *, seed: int = 0, train: bool = 
     for path in (config_path, stats_path):
         if not path.is_file():
             raise ConfigError(f"{directory}: no {path.name}; the export carries no transform pipeline")
+    return pipeline_from_assets(config_path.read_bytes(), stats_path.read_bytes(), str(config_path), seed=seed,
+                                train=train)
+
+
+def pipeline_from_assets(config: bytes, stats: bytes, source: str, *, seed: int = 0, train: bool = False) -> Pipeline:
+    """The pipeline from the two assets' bytes (a checkpoint's task state holds them as bytes)."""
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{config_path}: not valid JSON ({e})") from None
-    if not isinstance(config, dict) or config.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(f"{config_path}: not a transform list of format {FORMAT_VERSION}")
+        spec = json.loads(config)
+    except ValueError as e:
+        raise ConfigError(f"{source}: not valid JSON ({e})") from None
+    if not isinstance(spec, dict) or spec.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(f"{source}: not a transform list of format {FORMAT_VERSION}")
     try:
-        state_dict = load_file(stats_path)
-    except (SafetensorError, OSError) as e:
-        raise ConfigError(f"{stats_path}: not a readable safetensors file ({e})") from None
-    return Pipeline.from_state_dict(config.get("transforms"), state_dict, source=str(config_path), seed=seed,
-                                    train=train)
+        state_dict = load(stats)
+    except SafetensorError as e:
+        raise ConfigError(f"{source}: {TRANSFORMS_STATS}: not a readable safetensors file ({e})") from None
+    return Pipeline.from_state_dict(spec.get("transforms"), state_dict, source=source, seed=seed, train=train)

@@ -1,0 +1,98 @@
+"""A trained policy ready to act: the model, its transform pipeline and ``policy.json``, from an export, a run
+directory or a checkpoint, with nothing else at hand (the dataset it was trained on may be gone).
+
+``act`` maps raw observations (keyed by dataset features, in robot units) to action chunks in robot units: the
+pipeline as in training (evaluation mode), the prompt tokenized when the policy reads one, ``predict``, then the
+pipeline's inverse. A policy server calls this per batch of requests; action queues live in the client.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from longboat.checkpoint.export import ExportError
+from longboat.data.robot.transforms import Pipeline, pipeline_from_assets
+from longboat.data.robot.transforms.export import TRANSFORMS_CONFIG, TRANSFORMS_STATS
+from longboat.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
+from longboat.models.policy.base import Policy, PolicyConfig
+from longboat.recipes.artifact import Artifact, open_artifact
+from longboat.tasks.policy import POLICY_SPEC
+from longboat.tasks.policy_data import PromptTokens, observation_keys
+
+
+@dataclass
+class PolicyBundle:
+    policy: Policy  # in eval mode
+    config: PolicyConfig
+    pipeline: Pipeline  # in eval mode
+    spec: dict  # policy.json
+    prompts: PromptTokens | None
+    source: Path
+
+    @property
+    def wire_keys(self) -> dict[str, str]:
+        return dict(self.spec["wire_keys"])
+
+    def from_wire(self, observation: dict) -> dict:
+        """An observation keyed as on the wire, keyed by dataset features (``task`` kept; other keys dropped)."""
+        out = {feature: observation[wire] for wire, feature in self.wire_keys.items() if wire in observation}
+        missing = sorted(wire for wire in self.wire_keys if wire not in observation)
+        if missing:
+            raise ExportError(f"{self.source}: the observation lacks {missing} (it has: {', '.join(sorted(observation))})")
+        if "task" in observation:
+            out["task"] = observation["task"]
+        return out
+
+    @torch.no_grad()
+    def act(self, observation: dict, noise_key: torch.Tensor | None = None) -> torch.Tensor:
+        """Action chunks [B, horizon, A] in robot units for raw observations: cameras float [B, T, C, H, W] in
+        [0, 1], state [B, T, S] (T = n_obs_steps), and ``task`` (B prompts) when the policy reads prompts."""
+        cfg = self.config
+        raw = {key: observation[key] for key in observation_keys(cfg)}
+        obs = self.pipeline.apply(raw)
+        if self.prompts is not None:
+            obs["prompt_tokens"], obs["prompt_mask"] = self.prompts.batch(list(observation["task"]))
+        if "task" in observation:
+            obs["task"] = list(observation["task"])
+        chunk = self.policy.predict(obs, noise_key=noise_key).float()
+        context = {cfg.state_feature: obs[cfg.state_feature]} if cfg.state_feature is not None else {}
+        return self.pipeline.unapply({**context, cfg.action_feature: chunk})[cfg.action_feature]
+
+
+def _asset_bytes(artifact: Artifact, name: str) -> bytes:
+    value = artifact.assets.get(name)
+    if value is None:
+        raise ExportError(f"{artifact.source}: no {name}; it is not a policy trained by longboat's policy task")
+    return value.read_bytes() if isinstance(value, Path) else value
+
+
+def open_policy(path: str | Path) -> PolicyBundle:
+    """The policy of an export, a run directory (its export, else its newest checkpoint) or a checkpoint."""
+    artifact = open_artifact(path)
+    if not isinstance(artifact.model, Policy):
+        raise ExportError(f"{artifact.source}: holds a '{artifact.arch}' model, not a policy")
+    spec = json.loads(_asset_bytes(artifact, POLICY_SPEC))
+    pipeline = pipeline_from_assets(_asset_bytes(artifact, TRANSFORMS_CONFIG), _asset_bytes(artifact, TRANSFORMS_STATS),
+                                    f"{artifact.source}/{TRANSFORMS_CONFIG}")
+    prompts = None
+    if spec.get("prompt") is not None:
+        prompts = PromptTokens(_tokenizer(artifact), spec["prompt"]["max_prompt_len"])
+    return PolicyBundle(artifact.model, artifact.config, pipeline, spec, prompts, artifact.source)
+
+
+def _tokenizer(artifact: Artifact) -> Tokenizer:
+    """The artifact's tokenizer: the export's files, or a checkpoint's (held as bytes) read through a scratch dir."""
+    value = artifact.assets.get(TOKENIZER_FILE)
+    if isinstance(value, Path):
+        return Tokenizer(value.parent)
+    with tempfile.TemporaryDirectory(prefix="longboat-tokenizer-") as scratch:
+        for name in TOKENIZER_FILES:
+            content = artifact.assets.get(name)
+            if isinstance(content, bytes):
+                (Path(scratch) / name).write_bytes(content)
+        return Tokenizer(scratch)

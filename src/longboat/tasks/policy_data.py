@@ -1,0 +1,87 @@
+"""The policy task's samples: dataset windows, transformed, keyed, and with the prompt tokenized when asked.
+
+A sample at row ``t`` holds the observation window t-n_obs+1..t (cameras [T, C, H, W], state [T, S]) and the action
+window t..t+horizon-1 ([H, A] with ``action_is_pad``), clamped at the episode's edges as LeRobot clamps them. The
+loader hands each sample its position in the job's sample stream: the training pipeline's random draws (crops,
+colour jitter) and the policy's ``noise_key`` are functions of (seed, position), so they do not depend on loader
+workers, data-parallel layout or resumes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from longboat.data.robot import RobotDataset
+from longboat.data.robot.transforms import Pipeline
+from longboat.data.tokenizer import Tokenizer
+from longboat.models.policy.base import PolicyConfig
+from longboat.models.policy.keyed_random import noise_key
+
+_INT63 = (1 << 63) - 1
+
+
+def observation_keys(cfg: PolicyConfig) -> list[str]:
+    """The dataset features a policy observes: its cameras, then its state."""
+    return [*cfg.image_features, *([cfg.state_feature] if cfg.state_feature is not None else [])]
+
+
+def delta_timestamps(cfg: PolicyConfig, fps: float) -> dict[str, list[float]]:
+    """Observation windows ending at the sample's frame, and the action chunk starting there."""
+    past = [(i - cfg.n_obs_steps + 1) / fps for i in range(cfg.n_obs_steps)]
+    return {**{key: past for key in observation_keys(cfg)}, cfg.action_feature: [i / fps for i in range(cfg.horizon)]}
+
+
+class PromptTokens:
+    """Task strings -> right-padded token ids [L] and a mask [L] of the real tokens (truncated to L)."""
+
+    def __init__(self, tokenizer: Tokenizer, length: int):
+        self.tokenizer = tokenizer
+        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id
+        self.pad_id = pad if pad is not None else 0
+        self.length = length
+        self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # a dataset has few distinct prompts
+
+    def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if text not in self._cache:
+            ids = self.tokenizer.encode(text)[: self.length]
+            tokens = torch.full((self.length,), self.pad_id, dtype=torch.int64)
+            tokens[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
+            mask = torch.zeros(self.length, dtype=torch.bool)
+            mask[: len(ids)] = True
+            self._cache[text] = tokens, mask
+        return self._cache[text]
+
+    def batch(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [self(t) for t in texts]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+class PolicyWindows(Dataset):
+    """Transformed windows of ``frames`` holding only what the policy reads (plus ``task`` and ``noise_key``)."""
+
+    positioned = True  # the loader calls __getitem__((row, position in the job's sample stream))
+
+    def __init__(self, frames: RobotDataset, pipeline: Pipeline, cfg: PolicyConfig, seed: int,
+                 prompts: PromptTokens | None = None):
+        self.frames, self.pipeline, self.seed, self.prompts = frames, pipeline, seed, prompts
+        self.action_key = cfg.action_feature
+        self.keys = [*observation_keys(cfg), cfg.action_feature]
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, index: int | tuple[int, int]) -> dict:
+        row, position = index if isinstance(index, tuple) else (index, index)
+        item = self.frames[row]
+        raw = {key: item[key] for key in self.keys}
+        raw[f"{self.action_key}_is_pad"] = item[f"{self.action_key}_is_pad"]
+        key = noise_key(self.seed, position)
+        out = self.pipeline.apply(raw, torch.Generator().manual_seed(key & _INT63))
+        sample = {k: out[k] for k in self.keys}
+        sample["action_is_pad"] = out[f"{self.action_key}_is_pad"]
+        sample["noise_key"] = torch.tensor(key, dtype=torch.int64)
+        sample["task"] = item["task"]
+        if self.prompts is not None:
+            sample["prompt_tokens"], sample["prompt_mask"] = self.prompts(item["task"])
+        return sample

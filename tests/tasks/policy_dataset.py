@@ -1,0 +1,54 @@
+"""A tiny robot dataset a policy can learn: smooth trajectories whose next state is the action.
+
+Each episode follows its own phase, written into the state, so the whole action chunk is a function of the
+current state; a parquet image camera (cheap to decode) shows a pattern that moves with the phase.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from longboat.data.robot import RobotDatasetWriter
+
+FPS = 10
+STATE, ACTION = 4, 2
+IMAGE = (12, 16)  # height, width
+TASKS = ("reach the target", "push the block")
+
+
+def features(camera: bool) -> dict:
+    out = {
+        "observation.state": {"dtype": "float32", "shape": [STATE], "names": None},
+        "action": {"dtype": "float32", "shape": [ACTION], "names": ["dx", "dy"]},
+    }
+    if camera:
+        out["observation.images.top"] = {"dtype": "image", "shape": [*IMAGE, 3],
+                                         "names": ["height", "width", "channels"]}
+    return out
+
+
+def state_at(episode: int, t: int) -> np.ndarray:
+    phase = 0.7 * episode
+    angle = 0.3 * t + phase
+    return np.array([np.sin(angle), np.cos(angle), np.sin(phase), np.cos(phase)], dtype=np.float32) * [2, 1, 1, 1]
+
+
+def image_at(episode: int, t: int) -> np.ndarray:
+    y, x = np.mgrid[0:IMAGE[0], 0:IMAGE[1]].astype(np.float64)
+    angle = 0.3 * t + 0.7 * episode
+    img = np.stack([128 + 100 * np.sin(x / 3 + angle), 128 + 100 * np.cos(y / 3 - angle), np.full_like(x, 90)], -1)
+    return img.astype(np.uint8)
+
+
+def write_policy_dataset(root: str | Path, episodes: int = 6, length: int = 20, camera: bool = True) -> Path:
+    with RobotDatasetWriter(root, FPS, features(camera), robot_type="toy_arm") as writer:
+        for ep in range(episodes):
+            for t in range(length):
+                frame = {"observation.state": state_at(ep, t), "action": state_at(ep, t + 1)[:ACTION]}
+                if camera:
+                    frame["observation.images.top"] = image_at(ep, t)
+                writer.add_frame(frame, task=TASKS[ep % 2])
+            writer.save_episode()
+    return Path(root)
