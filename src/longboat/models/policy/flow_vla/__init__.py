@@ -10,7 +10,10 @@ FLOW_VLA = register_model(ModelSpec(
     config=FlowVLAConfig,
     module=FlowVLA,
     presets="longboat.models.policy.flow_vla",
-    parallel_units=("vision.blocks", "backbone.layers", "expert.layers"),
+    # Not the backbone's layers: they hand their keys and values to the expert beside their output, where per-layer
+    # FSDP and checkpointing hooks cannot see them; the backbone is sharded with the root.
+    parallel_units=("vision.blocks", "expert.layers"),
+    forward_methods=("predict",),
     initial_weights=BackboneWeights(),
 ))
 
