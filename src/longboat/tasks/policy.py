@@ -27,6 +27,7 @@ from longboat.models.policy.base import PolicyConfig
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
 from longboat.tasks.policy_data import PolicyWindows, PromptTokens, delta_timestamps, observation_keys
 from longboat.tasks.pretrain import tokenizer_assets
+from longboat.trainer.optim import ParamGroup
 from longboat.trainer.trainer import LossFn, LossOutput, unwrap
 from longboat.utils.logging import console
 
@@ -265,6 +266,11 @@ class PolicyTask(Task):
                           "the checkpoint was trained with; training goes on with the new ones")
             return
         self._assets = saved
+
+    def param_groups(self, model: torch.nn.Module) -> list[ParamGroup] | None:
+        """The policy's own components and learning-rate scales (e.g. a VLA's backbone, slower or frozen)."""
+        groups = model.param_groups()
+        return None if groups is None else [ParamGroup(names, lr_scale) for names, lr_scale in groups.values()]
 
     def export_assets(self) -> dict[str, Path | bytes]:
         if self._assets is None:
