@@ -71,6 +71,8 @@ def test_export_and_checkpoint_serve_the_in_process_actions(trained):
     torch.testing.assert_close(served.act(served.from_wire(wire)), expected)
     with pytest.raises(ObservationError, match=r"the observation lacks \['joints'\]"):
         served.from_wire({"top": obs[CAMERA]})
+    with pytest.raises(ObservationError, match=r"the observation lacks \['observation.state'\]"):
+        served.act({CAMERA: obs[CAMERA]})
     from_checkpoint = open_policy(CheckpointManager(run_dir / "checkpoints").latest())
     torch.testing.assert_close(from_checkpoint.act(obs), expected)
     # The export's actions are the dataset's: near the recorded ones where the policy fits well.

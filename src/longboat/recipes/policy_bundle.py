@@ -59,6 +59,10 @@ class PolicyBundle:
         """Action chunks [B, horizon, A] in robot units for raw observations: cameras float [B, T, C, H, W] in
         [0, 1], state [B, T, S] (T = n_obs_steps), and ``task`` (B prompts) when the policy reads prompts."""
         cfg = self.config
+        missing = [key for key in observation_keys(cfg) if key not in observation]
+        if missing:
+            raise ObservationError(f"the observation lacks {missing}, which {self.source} reads (it has: "
+                                   f"{', '.join(sorted(observation))})")
         raw = {key: observation[key] for key in observation_keys(cfg)}
         obs = self.pipeline.apply(raw)
         if self.prompts is not None:
