@@ -9,7 +9,7 @@ import torch
 
 from longboat.checkpoint.dcp import CheckpointManager, load_model_weights
 from longboat.recipes.config import load_run_dir_config
-from longboat.recipes.policy_bundle import open_policy
+from longboat.recipes.policy_bundle import ObservationError, open_policy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import ACTION, FPS, TASKS, write_policy_dataset
@@ -69,6 +69,10 @@ def test_export_and_checkpoint_serve_the_in_process_actions(trained):
     assert served.spec["fps"] == FPS and served.spec["tasks"] == list(TASKS)
     wire = {"top": obs[CAMERA], "joints": obs["observation.state"], "task": obs["task"], "extra": 1}
     torch.testing.assert_close(served.act(served.from_wire(wire)), expected)
+    with pytest.raises(ObservationError, match=r"the observation lacks \['joints'\]"):
+        served.from_wire({"top": obs[CAMERA]})
+    with pytest.raises(ObservationError, match=r"the observation lacks \['observation.state'\]"):
+        served.act({CAMERA: obs[CAMERA]})
     from_checkpoint = open_policy(CheckpointManager(run_dir / "checkpoints").latest())
     torch.testing.assert_close(from_checkpoint.act(obs), expected)
     # The export's actions are the dataset's: near the recorded ones where the policy fits well.
