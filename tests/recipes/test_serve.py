@@ -80,7 +80,7 @@ def test_served_export_answers_in_robot_units(tmp_path):
         client = WebsocketClientPolicy("127.0.0.1", port)
         meta = client.get_server_metadata()
         assert meta["policy"] == "_LinearPolicy" and meta["horizon"] == 5 and meta["action_dim"] == 2
-        assert meta["observation_keys"] == ["observation/image", "observation/state"]
+        assert meta["observation_shapes"] == {"observation/image": [24, 32, 3], "observation/state": [4]}
         for i in range(3):
             got = client.infer({**_wire(i), "seed": 40 + i, "prompt": "push the block"})
             np.testing.assert_allclose(got["actions"], _by_hand(model, pipeline, _wire(i), 40 + i), atol=1e-5)

@@ -73,7 +73,8 @@ class RandomPolicy:
                                  nn.GELU(), nn.Linear(cfg.hidden, cfg.horizon * cfg.action_dim)).to(self.device).eval()
         self.forward_passes = 0
         self.metadata = {"policy": "random", "horizon": cfg.horizon, "action_dim": cfg.action_dim,
-                         "observation": {k: list(v) for k, v in cfg.observation.items()},
+                         "observation_keys": list(cfg.observation),
+                         "observation_shapes": {k: list(v) for k, v in cfg.observation.items()},
                          "note": "an untrained MLP with fixed-seed weights: its actions mean nothing"}
 
     def check(self, obs: dict) -> None:

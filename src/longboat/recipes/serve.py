@@ -48,9 +48,10 @@ class ServedExport:
         self.shapes = {f: list(inputs[f]["shape"]) for f in self.wire_keys.values() if "shape" in inputs.get(f, {})}
         self.images = {w for w, f in self.wire_keys.items() if f in self.cfg.image_features}
         spec = bundle.spec
+        shapes = {w: self.shapes[f] for w, f in self.wire_keys.items() if f in self.shapes}
         self.metadata = {"policy": type(bundle.policy).__name__, "horizon": self.cfg.horizon,
                          "action_dim": self.cfg.action_dim, "n_obs_steps": self.cfg.n_obs_steps,
-                         "observation_keys": list(self.wire_keys), "fps": spec.get("fps"),
+                         "observation_keys": list(self.wire_keys), "observation_shapes": shapes, "fps": spec.get("fps"),
                          "robot_type": spec.get("robot_type"), "tasks": spec.get("tasks", [])}
 
     def _time_axis(self, key: str, base: int, shape: list[int]) -> None:
