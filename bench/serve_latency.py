@@ -3,7 +3,8 @@
 Latency: one client sends an openpi-style observation (two 224×224×3 uint8 images and an 8-dim state) to
   (a) ``PolicyServer``, the server ``longboat serve`` runs, with a trivial policy (zero actions), and
   (b) a bare websockets server that decodes the msgpack-numpy message and encodes a reply of the same shape,
-in the same run, requests alternating between the two so machine noise hits both; p50/p99 of each and their ratio (goal ≤ 1.2×).
+in the same run, requests alternating between the two so machine noise hits both; p50/p99 of each and their ratio
+(goal ≤ 1.2×).
 
 Throughput: 1, 4, 16 and 32 client processes, each sending requests back to back for a few seconds, against
 ``longboat serve`` with batching on (a window of 2 ms) and off; requests per second and the mean batch. The policy:
