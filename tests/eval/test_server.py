@@ -56,7 +56,7 @@ def _concurrent(port: int, n: int) -> list[np.ndarray]:
 
 
 def test_concurrent_clients_are_batched_with_the_unbatched_actions():
-    with random_server(batch_window_ms=50, policy={"delay_ms": 20}) as (server, port):
+    with random_server(batch_window_ms=250, policy={"delay_ms": 20}) as (server, port):
         batched = _concurrent(port, 16)
         passes = server.stats.forward_passes
     with random_server(batch_window_ms=0) as (alone, port):
