@@ -4,7 +4,7 @@ Latency: one client sends an openpi-style observation (two 224×224×3 uint8 ima
   (a) ``PolicyServer``, the server ``longboat serve`` runs, with a trivial policy (zero actions), and
   (b) a bare websockets server that decodes the msgpack-numpy message and encodes a reply of the same shape,
 in the same run, requests alternating between the two so machine noise hits both; p50/p99 of each and their ratio
-(goal ≤ 1.2×).
+(goal ≤ 1.2×), and each server's CPU time per request, which a loaded machine does not inflate.
 
 Throughput: 1, 4, 16 and 32 client processes, each sending requests back to back for a few seconds, against
 ``longboat serve`` with batching on (a window of 2 ms) and off; requests per second and the mean batch. The policy:
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import re
 import statistics
 import subprocess
@@ -93,6 +94,12 @@ def _server(role: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its threads so far (Linux), which machine load does not inflate."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def latency(requests: int) -> None:
     servers = {role: _server(role) for role in ("longboat", "bare")}
     try:
@@ -102,17 +109,20 @@ def latency(requests: int) -> None:
         for role, client in clients.items():  # warm-up
             for _ in range(20):
                 client.infer(obs, seed=0)
+        cpu = {role: _cpu_seconds(proc.pid) for role, (proc, _) in servers.items()}
         for _ in range(requests):  # alternating request by request, so both see the same machine
             for role, client in clients.items():
                 start = time.perf_counter()
                 client.infer(obs, seed=0)
                 times[role].append((time.perf_counter() - start) * 1000)
+        cpu = {role: (_cpu_seconds(proc.pid) - cpu[role]) / requests * 1e6 for role, (proc, _) in servers.items()}
         stats = {role: (statistics.median(t), float(np.percentile(t, 99))) for role, t in times.items()}
-        print(f"round trip, two 224x224x3 images + state, {len(times['bare'])} requests each:")
+        print(f"round trip, two 224x224x3 images + state, {requests} requests each:")
         for role, (p50, p99) in stats.items():
-            print(f"  {role:9s} p50 {p50:6.3f} ms   p99 {p99:6.3f} ms")
+            print(f"  {role:9s} p50 {p50:6.3f} ms   p99 {p99:6.3f} ms   server CPU {cpu[role]:5.0f} us/request")
         print(f"  ratio     p50 {stats['longboat'][0] / stats['bare'][0]:.2f}x    "
-              f"p99 {stats['longboat'][1] / stats['bare'][1]:.2f}x")
+              f"p99 {stats['longboat'][1] / stats['bare'][1]:.2f}x    "
+              f"server CPU {cpu['longboat'] / cpu['bare']:.2f}x")
     finally:
         for proc, _ in servers.values():
             proc.terminate()
