@@ -66,7 +66,9 @@ class PolicyBundle:
         raw = {key: observation[key] for key in observation_keys(cfg)}
         obs = self.pipeline.apply(raw)
         if self.prompts is not None:
-            obs["prompt_tokens"], obs["prompt_mask"] = self.prompts.batch(list(observation["task"]))
+            tokens, mask = self.prompts.batch(list(observation["task"]))
+            device = next(self.policy.parameters()).device  # the tokenizer's ids are made on the CPU
+            obs["prompt_tokens"], obs["prompt_mask"] = tokens.to(device), mask.to(device)
         if "task" in observation:
             obs["task"] = list(observation["task"])
         chunk = self.policy.predict(obs, noise_key=noise_key).float()
