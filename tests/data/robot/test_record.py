@@ -149,8 +149,12 @@ def test_bad_input(tmp_path):
         import_simulator("no_such_simulator")
     with pytest.raises(RecordError, match=r"fetch:reach has no camera corner; its cameras: external_camera_0"):
         record(["fetch:reach"], 1, tmp_path / "a", cameras=["corner"])
-    with pytest.raises(RecordError, match="expected episodes >= 1"):
+    with pytest.raises(RecordError, match=r"^expected episodes >= 1, got 0$"):  # only the wrong limit is named
         record(["fetch:reach"], 0, tmp_path / "a")
+    with pytest.raises(RecordError, match=r"^expected image size >= 8, got 4$"):
+        record(["fetch:reach"], 1, tmp_path / "a", image_size=4)
+    with pytest.raises(RecordError, match=r"^expected max steps >= 1, got 0$"):
+        record(["fetch:reach"], 1, tmp_path / "a", max_steps=0)
     with pytest.raises(RecordError, match="distinct environments"):
         record(["fetch:reach", "fetch:reach"], 1, tmp_path / "a")
     (tmp_path / "notes").mkdir()
