@@ -14,6 +14,8 @@ uint8 and the main process converts each batch to float32 (``RobotDataset.to_flo
 main process's work, with an accelerator it is the device's). ``uint8 + runs``: also ``epoch_run=8``, shuffled
 epochs that keep runs of 8 neighbouring rows together, so a worker decodes each frame that neighbouring windows
 share once (the baseline cannot: it decodes every window afresh); reported with and without the conversion.
+A second table times the same batches in one process in CPU seconds, which other load on the machine disturbs
+far less than the loaders' samples/s.
 
     python -P bench/robot_loader.py [--episodes 8] [--frames 120] [--batches 40] [--repeats 3]
 """
@@ -21,6 +23,7 @@ share once (the baseline cannot: it decodes every window afresh); reported with 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 import warnings
@@ -29,9 +32,9 @@ from pathlib import Path
 import av
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
-from longboat.data.loader import EpochOrder, ResumableLoader
+from longboat.data.loader import EpochBatchSampler, EpochOrder, ResumableLoader
 from longboat.data.robot import RobotDataset, RobotDatasetWriter
 from longboat.data.robot.windows import window_rows
 
@@ -130,6 +133,18 @@ def samples_per_second(dataset: Dataset, batches: int, workers: int, batch_size:
     return batches * batch_size / elapsed
 
 
+def cpu_ms_per_sample(dataset: Dataset, order: list[list[int]], to_float: bool) -> float:
+    """CPU time of one process reading and collating ``order``'s batches (and converting them): what the workers
+    and the main process spend per sample, whatever else the machine runs."""
+    ours = isinstance(dataset, RobotDataset)
+    start = time.process_time()
+    for rows in order:
+        batch = default_collate(dataset.__getitems__(rows) if ours else [dataset[r] for r in rows])
+        if to_float:
+            dataset.to_float(batch)
+    return (time.process_time() - start) / sum(map(len, order)) * 1e3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", type=Path, default=Path.home() / ".cache/longboat/bench_robot_loader")
@@ -168,6 +183,15 @@ def main() -> None:
     for name, (_, _, base) in settings.items():
         b, f = median[base], median[name]
         print(f"{name:<32} {b:9.1f} {f:9.1f} {f / b:6.2f}×")
+    # The same work in one process, timed in CPU seconds: the ratio a machine with a core per worker would see.
+    torch.set_num_threads(1)
+    print(f"\n{'CPU ms per sample, one process':<32} {'baseline':>9} {'longboat':>9} {'ratio':>7}")
+    for name, (_, to_float, base) in settings.items():
+        ds = datasets[name]
+        sampler = EpochBatchSampler(len(ds), args.batch_size, 0, 1, args.batch_size, 0, run=ds.epoch_run)
+        order = list(itertools.islice(iter(sampler), args.batches))
+        b, f = cpu_ms_per_sample(baselines[base], order, False), cpu_ms_per_sample(ds, order, to_float)
+        print(f"{name:<32} {b:9.1f} {f:9.1f} {b / f:6.2f}×")
 
 
 if __name__ == "__main__":

@@ -101,20 +101,18 @@ def test_epoch_runs_are_shuffled_permutations_of_aligned_neighbour_runs():
     from longboat.data.loader import EpochBatchSampler
 
     sampler = EpochBatchSampler(42, 4, 0, 1, global_batch=8, seed=5, run=4)
-    offsets = set()
-    for epoch in range(6):
+    starts = set()
+    for epoch in range(8):
         order = sampler.permutation(epoch).tolist()
         assert sorted(order) == list(range(42))  # a permutation of the rows
         assert order == sampler.permutation(epoch).tolist()  # drawn from (seed, epoch) only
-        offset = order[0] % 4
-        offsets.add(offset)
-        full = (42 - offset) // 4
-        runs = [order[4 * i : 4 * i + 4] for i in range(full)]
-        assert all(r == list(range(r[0], r[0] + 4)) and r[0] % 4 == offset for r in runs)  # in order, aligned
-        starts = [r[0] for r in runs]
-        assert starts != sorted(starts)  # the runs are shuffled
-        assert sorted(order[4 * full :]) == [*range(offset), *range(offset + 4 * full, 42)]  # the partial runs last
-    assert len(offsets) > 1  # where runs begin moves from epoch to epoch
+        runs = [order[i : i + 4] for i in range(0, 42, 4)]  # 10 whole runs, then the partial run of 2
+        assert all(r == [(r[0] + j) % 42 for j in range(len(r))] for r in runs)  # neighbours, in order
+        start = (runs[-1][0] - 40) % 42  # the partial run holds the last 2 rows from the epoch's start
+        assert {r[0] for r in runs[:10]} == {(start + 4 * k) % 42 for k in range(10)}  # the runs tile the rows
+        assert [r[0] for r in runs[:10]] != sorted(r[0] for r in runs[:10])  # the runs are shuffled
+        starts.add(start)
+    assert len(starts) > 4  # where runs begin, and so which rows end the epoch, moves
     plain = EpochBatchSampler(42, 4, 0, 1, global_batch=8, seed=5)
     assert plain.permutation(0).tolist() == torch.randperm(42, generator=torch.Generator().manual_seed(5 * 1_000_003)).tolist()
 

@@ -7,7 +7,7 @@ data-parallel ranks, as Megatron's pretraining sampler does. The samples come ei
 epoch is a permutation drawn from (seed, epoch), of which whole global batches are used; the remainder of an
 epoch that does not fill a global batch is dropped. A dataset whose ``epoch_run`` is above 1 (robot video: samples
 of neighbouring rows share frames to decode) gets permutations that keep runs of that many neighbouring rows
-together, in order: the runs are shuffled, and where the runs begin moves from epoch to epoch.
+together, in order: the runs are shuffled, and where they begin moves from epoch to epoch.
 """
 
 from __future__ import annotations
@@ -92,15 +92,14 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 
 def run_permutation(n: int, run: int, g: torch.Generator) -> torch.Tensor:
-    """The runs of ``run`` consecutive rows that begin at a random offset, in shuffled order and each in order, then
-    the rows the runs leave out (the partial runs at both ends) shuffled: full runs stay aligned to multiples of
-    ``run`` in the epoch, so a micro-batch of ``run`` rows (or a divisor or multiple of it) holds whole runs."""
-    offset = int(torch.randint(run, (1,), generator=g))
-    full = (n - offset) // run
-    runs = torch.randperm(full, generator=g)
-    order = (offset + runs[:, None] * run + torch.arange(run)).flatten()
-    rest = torch.cat([torch.arange(offset), torch.arange(offset + full * run, n)])
-    return torch.cat([order, rest[torch.randperm(len(rest), generator=g)]])
+    """The rows from a random start, wrapping around, cut into runs of ``run`` neighbours; the whole runs shuffled,
+    each in order, then the partial run. Runs stay aligned to multiples of ``run`` in the epoch, so a micro-batch of
+    ``run`` rows (or a divisor or multiple of it) holds whole runs; the random start moves the runs' boundaries and
+    the partial run (the rows most often left out of an epoch's whole global batches) from epoch to epoch."""
+    rows = (torch.arange(n) + int(torch.randint(n, (1,), generator=g))) % n
+    full = n // run
+    runs = rows[: full * run].view(full, run)[torch.randperm(full, generator=g)].flatten()
+    return torch.cat([runs, rows[full * run :]])
 
 
 def samples_per_epoch(dataset_len: int, global_batch: int) -> int:
