@@ -45,6 +45,9 @@ class PolicyDataConfig(StrictModel):
     cameras: list[str] | None = Field(default=None, description="camera features the policy sees; null: all")
     wire_keys: dict[str, str] | None = Field(
         default=None, description="observation key on the wire -> dataset feature; null: each feature's own name")
+    epoch_run: int = Field(default=1, ge=1, description=(
+        "neighbouring frames the shuffled epochs keep together: >1 decodes the video frames their windows share "
+        "once, at the cost of batches drawn from fewer episodes"))
     max_prompt_len: int | None = Field(default=None, gt=0,
                                        description="prompt tokens per sample; null: the model's max_prompt_len")
 
@@ -114,7 +117,7 @@ class PolicyTask(Task):
     def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:
         try:
             return RobotDataset(self.data.path, delta_timestamps(cfg, self.meta.fps), episodes,
-                                cameras=list(cfg.image_features))
+                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run)
         except RobotDataError as e:
             raise ConfigError(f"data.path: {e}") from None
 
