@@ -7,7 +7,7 @@ import pytest
 
 from tests.data.chat.conftest import CONVERSATIONS
 from tests.data.chat.test_supervision import assert_matches_transformers
-from tests.models.test_smollm2 import GGUF, gguf_dir
+from tests.models.conftest import GGUF, gguf_dir
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")

@@ -10,14 +10,13 @@ from longboat.config.base import validate
 from longboat.data.tokenizer import Tokenizer
 from longboat.models import get_model
 from longboat.models.policy.flow_vla import FlowVLA, FlowVLAConfig
-from tests.models.test_smollm2 import smollm2  # noqa: F401  (the converted directory, a module fixture)
 
 pytestmark = pytest.mark.slow
 CAM = "observation.images.top"
 PROMPTS = ["push the puck to the goal", "open the drawer"]
 
 
-def test_vla_on_smollm2_loads_its_weights_and_acts_on_the_prompt(smollm2):  # noqa: F811
+def test_vla_on_smollm2_loads_its_weights_and_acts_on_the_prompt(smollm2):
     hf_dir = smollm2[0]
     cfg = validate(FlowVLAConfig, {
         "backbone_hf": str(hf_dir), "image_features": {CAM: [3, 16, 16]}, "state_dim": 4, "action_dim": 4,
