@@ -196,7 +196,7 @@ def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, fl
 
 def _run_task(cfg, runner: Runner, task, seeds, video_seeds, clients, pool, replan, n_obs, results, out, done) -> None:
     n = min(cfg.num_envs, len(seeds))
-    mode = cfg.vector if cfg.vector != "auto" else ("async" if runner.spec.cameras and n > 1 else "sync")
+    mode = cfg.vector if cfg.vector != "auto" else ("async" if runner.renders() and n > 1 else "sync")
     vec = runner.make_vector_env(task, n, mode)
     try:
         prompt = vec.get_attr("prompt")[0]

@@ -68,7 +68,7 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)
 
 
 def _percentiles(values: list[float]) -> dict:

@@ -53,6 +53,10 @@ class Runner(ABC):
     def env_fn(self, task: str, spec: ObservationSpec) -> Callable[[], object]:
         """A picklable factory of one ``gymnasium.Env`` of ``task`` (run in a worker process for async envs)."""
 
+    def renders(self) -> bool:
+        """Whether stepping renders images (then async envs, one process each, pay off)."""
+        return bool(self.spec.cameras)
+
     def request(self, obs: dict[str, np.ndarray], prompt: str) -> dict:
         """One env's observation (dataset features, time axis included when the policy stacks frames) as a
         policy request keyed by wire keys."""
