@@ -1,12 +1,13 @@
 """Results file, summary statistics, comparison and report: the parts of an evaluation that need no simulator."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from longboat.config.base import ConfigError
 from longboat.eval.compare import compare, format_comparison
-from longboat.eval.config import EvalConfig
+from longboat.eval.config import EvalConfig, load_eval_config
 from longboat.eval.report import write_report
 from longboat.eval.results import RESULTS_FILE, ResultsFile, read_results, summarize, wilson
 
@@ -89,3 +90,10 @@ def test_eval_config_is_checked_before_work():
         EvalConfig(**{**base, "tasks": ["a", "a"]})
     with pytest.raises(ValueError, match="num_env"):
         EvalConfig(**base, num_env=2)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs" / "eval").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_eval_config_file_loads(path):
+    cfg = load_eval_config(path, ["episodes=3"])
+    assert cfg.tasks and len(cfg.episode_seeds()) == 3

@@ -63,6 +63,15 @@ class _Episode:
     frames: list = field(default_factory=list)
 
 
+@dataclass
+class Timing:
+    """Where the wall time of the episodes went: stepping the envs (rendering included) and waiting for chunks."""
+
+    env_s: float = 0.0
+    request_s: float = 0.0
+    steps: int = 0
+
+
 @dataclass(frozen=True)
 class PolicyInfo:
     spec: ObservationSpec
@@ -132,7 +141,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     unknown = [t for t in cfg.tasks if t not in known]
     if unknown:
         raise ConfigError(f"tasks: {cfg.benchmark} has no task {', '.join(unknown)}; known: {', '.join(known)}")
-    results = ResultsFile(out / RESULTS_FILE)
+    results, summary_timing = ResultsFile(out / RESULTS_FILE), None
     seeds = cfg.episode_seeds()
     todo = {t: [s for s in seeds if (t, s) not in results.done] for t in cfg.tasks}
     try:
@@ -147,7 +156,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                 replan = min(cfg.replan_steps or horizon, horizon)
                 n_obs = int(meta.get("n_obs_steps") or info.n_obs_steps)
                 pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
-                tallies = {t: _Tally(t) for t in cfg.tasks}
+                tallies, timing = {t: _Tally(t) for t in cfg.tasks}, Timing()
                 for e in results.episodes:
                     if e["task"] in tallies:
                         tallies[e["task"]].episodes += 1
@@ -157,11 +166,15 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                     if todo[task]:
                         video = set(seeds[:cfg.videos_per_task])
                         _run_task(cfg, runner, task, todo[task], video, clients, pool, replan, n_obs, results,
-                                  out, lambda e: _advance(bar, tallies[e["task"]], e))
+                                  out, lambda e: _advance(bar, tallies[e["task"]], e), timing)
+                summary_timing = {"env_s": round(timing.env_s, 3), "request_s": round(timing.request_s, 3),
+                                  "vector_steps": timing.steps}
     finally:
         results.close()
     summary = summarize(results.episodes, cfg.tasks)
     summary["policy"], summary["benchmark"] = cfg.policy, cfg.benchmark
+    if summary_timing is not None:
+        summary["this_run_timing"] = summary_timing
     write_summary(out, summary)
     write_report(out, summary, results.episodes)
     return summary
@@ -194,7 +207,8 @@ def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, fl
     return np.asarray(reply["actions"]), latency, float(reply.get("policy_timing", {}).get("infer_ms", 0.0))
 
 
-def _run_task(cfg, runner: Runner, task, seeds, video_seeds, clients, pool, replan, n_obs, results, out, done) -> None:
+def _run_task(cfg, runner: Runner, task, seeds, video_seeds, clients, pool, replan, n_obs, results, out, done,
+              timing: Timing) -> None:
     n = min(cfg.num_envs, len(seeds))
     mode = cfg.vector if cfg.vector != "auto" else ("async" if runner.renders() and n > 1 else "sync")
     vec = runner.make_vector_env(task, n, mode)
@@ -230,6 +244,7 @@ def _run_task(cfg, runner: Runner, task, seeds, video_seeds, clients, pool, repl
                     if ep is not None and (ep.chunk is None or ep.step - ep.chunk_start >= replan)}
             futures = {i: pool.submit(_request, clients[i], runner.request(_stacked(ep.history), ep.prompt),
                                       (ep.seed * _SEED_STRIDE + ep.step) % (1 << 63)) for i, ep in asks.items()}
+            waited = time.perf_counter()
             for i, f in futures.items():
                 ep = slots[i]
                 try:
@@ -239,11 +254,15 @@ def _run_task(cfg, runner: Runner, task, seeds, video_seeds, clients, pool, repl
                 ep.chunk_start = ep.step
                 ep.latency_ms.append(round(latency, 3))
                 ep.infer_ms.append(round(infer, 3))
+            timing.request_s += time.perf_counter() - waited
             actions = np.zeros((n, *space.shape), np.float32)
             for i, ep in enumerate(slots):
                 if ep is not None:
                     actions[i] = runner.action(ep.chunk[ep.step - ep.chunk_start], space)
+            stepped = time.perf_counter()
             obs, reward, success, _, info = vec.step(actions)
+            timing.env_s += time.perf_counter() - stepped
+            timing.steps += 1
             finished = np.zeros(n, bool)
             for i, ep in enumerate(slots):
                 if ep is None:
