@@ -133,14 +133,14 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     from longboat.eval.report import write_report
 
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _check_run(out, cfg)
     info = policy_info(cfg)
     runner = make_runner(cfg.benchmark, info.spec)
     known = runner.tasks()
     unknown = [t for t in cfg.tasks if t not in known]
     if unknown:
         raise ConfigError(f"tasks: {cfg.benchmark} has no task {', '.join(unknown)}; known: {', '.join(known)}")
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run(out, cfg)
     results, summary_timing = ResultsFile(out / RESULTS_FILE), None
     seeds = cfg.episode_seeds()
     todo = {t: [s for s in seeds if (t, s) not in results.done] for t in cfg.tasks}
