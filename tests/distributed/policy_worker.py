@@ -21,12 +21,20 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
 from longboat.recipes.config import resolve
 from longboat.trainer.config import CheckpointConfig
+from longboat.trainer.optim import freeze_outside
 from longboat.trainer.trainer import DataParallel, Trainer
 
 # Every policy architecture with the model fields of its distributed test: other policies add their entry.
 ARCHS: dict[str, dict] = {
     "mlp": {"preset": "tiny"},
+    "act": {"preset": "tiny"},
+    "diffusion": {"preset": "tiny"},
+    "flow_vla": {"preset": "tiny", "tokenizer": "tests/fixtures/sft/tokenizer",
+                 "vision": {"patch_size": 2, "d_model": 16, "n_layers": 1, "n_heads": 2}},
 }
+# Flow matching's loss over 6 steps of 8 samples follows its random times and noise more than its progress; its
+# learning is shown end to end (tests/recipes/test_flow_vla_train.py).
+NOISY_LOSS = {"flow_vla"}
 LAYOUTS: dict[str, dict | None] = {
     "single": None,
     "ddp": {"data_parallel": "ddp"},
@@ -64,6 +72,7 @@ def run_case(out: Path, dataset: str, case: str) -> None:
     torch.manual_seed(0)
     model = resolved.spec.build(resolved.model)
     groups = task.param_groups(model)
+    freeze_outside(model, groups)  # as longboat train does: parameters in no group (a VLA's unused ones) are frozen
     model = parallelize(model, mesh, parallel, None, "cpu")
     trainer = Trainer(train_cfg, CheckpointConfig(export=False), run_dir, model, data.loss_fn, data.train, data.valid,
                       dp=dp, device=torch.device("cpu"), hooks=task, param_groups=groups, seed=SEED)

@@ -9,7 +9,7 @@ import torch
 
 from longboat.trainer.metrics import read_metrics
 from tests.distributed.conftest import finish, free_ports, start, torchrun
-from tests.distributed.policy_worker import ARCHS, LAYOUTS, STEPS, run_case
+from tests.distributed.policy_worker import ARCHS, LAYOUTS, NOISY_LOSS, STEPS, run_case
 from tests.tasks.policy_dataset import write_policy_dataset
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,8 @@ def test_policy_trains_on_two_ranks_as_in_one_process(runs, arch, layout):
     for row, ref in zip(losses, expected):
         assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5), f"loss at step {row['step']}"
         assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4), f"grad norm at step {row['step']}"
-    assert expected[-1]["loss"] < 0.8 * expected[0]["loss"]  # it learns
+    if arch not in NOISY_LOSS:
+        assert expected[-1]["loss"] < 0.8 * expected[0]["loss"]  # it learns
     valid, valid_ref = read_metrics(got, "valid")[-1], read_metrics(want, "valid")[-1]
     assert {k for k in valid_ref if k.startswith("action_mae")} >= {"action_mae", "action_mae/dx"}
     for key, value in valid_ref.items():

@@ -32,6 +32,13 @@ class HFInterop(Protocol):
              dtype: str | None = None, max_shard_size: int | str = "5GB") -> Path: ...
 
 
+class InitialWeights(Protocol):
+    """Pretrained weights some of an architecture's parameters start from (e.g. a VLA's language backbone)."""
+
+    def source(self, cfg: Any) -> str | None: ...  # where they come from; None: random initialisation only
+    def read(self, cfg: Any) -> dict: ...  # a partial state dict under the model's names (read on rank 0)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the engine needs to know about an architecture.
@@ -41,7 +48,8 @@ class ModelSpec:
     ``tensor_parallel(cfg, tp)`` checks that the config can be split ``tp`` ways and returns the plan (module
     pattern -> parallel style); None: the architecture has no tensor-parallel plan.
     ``forward_methods`` name methods besides ``forward`` that run the whole model (a policy's ``predict``), so
-    FSDP2 gathers the weights for them too.
+    FSDP2 gathers the weights for them too. ``initial_weights``: loaded into a new run's model before training
+    (a resumed run's checkpoint replaces them).
     """
 
     name: str
@@ -52,6 +60,7 @@ class ModelSpec:
     forward_methods: tuple[str, ...] = ()
     tensor_parallel: Callable[[Any, int], dict] | None = None
     hf: HFInterop | None = None
+    initial_weights: InitialWeights | None = None
 
     def build(self, cfg: StrictModel) -> nn.Module:
         return self.module(cfg)

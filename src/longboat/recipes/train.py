@@ -87,6 +87,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
                         spec.forward_methods)
     if "hf" in cfg.model:
         _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
+    elif spec.initial_weights is not None and spec.initial_weights.source(resolved.model) is not None:
+        _load_initial_weights(model, resolved, runtime)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""
     frozen = f" ({_count(n_params - n_frozen)} trainable, {_count(n_frozen)} frozen)" if n_frozen else ""
     lora = f" · LoRA rank {cfg.lora.rank}" if cfg.lora is not None else ""
@@ -121,10 +123,23 @@ def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun,
     that every base tensor is there; LoRA adapters, which the checkpoint does not hold, keep their initial values.
     """
     state = resolved.spec.hf.read_weights(hf_dir, resolved.model) if runtime.rank == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=runtime.distributed,
-                               strict=resolved.cfg.lora is None)
-    set_model_state_dict(model, state, options=options)
+    _broadcast_weights(model, state, runtime, strict=resolved.cfg.lora is None)
     console.print(f"weights from {hf_dir}")
+
+
+def _load_initial_weights(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime) -> None:
+    """Start the parameters the spec's ``initial_weights`` cover from them (e.g. a VLA's pretrained backbone),
+    the rest as initialised; a resumed run's checkpoint overrides them later."""
+    weights = resolved.spec.initial_weights
+    state = weights.read(resolved.model) if runtime.rank == 0 else {}
+    _broadcast_weights(model, state, runtime, strict=False)
+    console.print(f"initial weights from {weights.source(resolved.model)}")
+
+
+def _broadcast_weights(model: torch.nn.Module, state: dict, runtime: Runtime, strict: bool) -> None:
+    """Load a full state dict held by rank 0; under FSDP/TP each rank receives only its own shards by broadcast."""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=runtime.distributed, strict=strict)
+    set_model_state_dict(model, state, options=options)
 
 
 def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_family: str | None, ema: bool) -> None:

@@ -27,6 +27,7 @@ from longboat.models.policy.base import PolicyConfig
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
 from longboat.tasks.policy_data import PolicyWindows, PromptTokens, delta_timestamps, observation_keys
 from longboat.tasks.pretrain import tokenizer_assets
+from longboat.trainer.optim import ParamGroup
 from longboat.trainer.trainer import LossFn, LossOutput, unwrap
 from longboat.utils.logging import console
 
@@ -44,6 +45,9 @@ class PolicyDataConfig(StrictModel):
     cameras: list[str] | None = Field(default=None, description="camera features the policy sees; null: all")
     wire_keys: dict[str, str] | None = Field(
         default=None, description="observation key on the wire -> dataset feature; null: each feature's own name")
+    epoch_run: int = Field(default=1, ge=1, description=(
+        "neighbouring frames the shuffled epochs keep together: >1 decodes the video frames their windows share "
+        "once, at the cost of batches drawn from fewer episodes"))
     max_prompt_len: int | None = Field(default=None, gt=0,
                                        description="prompt tokens per sample; null: the model's max_prompt_len")
 
@@ -106,14 +110,14 @@ class PolicyTask(Task):
             raise ConfigError("data.valid_episodes: holds out every selected episode; none is left for training")
         return train, valid
 
-    def _pipeline(self, train: bool, seed: int = 0) -> Pipeline:
+    def pipeline(self, train: bool, seed: int = 0) -> Pipeline:
         return Pipeline.from_config(self.data.transforms, self.meta.stats or {}, source=self.data.path + " stats",
                                     prefix="data.transforms", seed=seed, train=train)
 
     def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:
         try:
             return RobotDataset(self.data.path, delta_timestamps(cfg, self.meta.fps), episodes,
-                                cameras=list(cfg.image_features))
+                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run)
         except RobotDataError as e:
             raise ConfigError(f"data.path: {e}") from None
 
@@ -140,7 +144,7 @@ class PolicyTask(Task):
             image_features={k: [1, 1, 1] for k in cameras}, state_feature=state, action_feature=action,
             horizon=fields.get("horizon", defaults["horizon"].default),
             n_obs_steps=fields.get("n_obs_steps", defaults["n_obs_steps"].default))
-        sample = PolicyWindows(self._frames(probe, self._pool()[:1]), self._pipeline(train=False), probe, 0)[0]
+        sample = PolicyWindows(self._frames(probe, self._pool()[:1]), self.pipeline(train=False), probe, 0)[0]
         found = {"image_features": {k: list(sample[k].shape[-3:]) for k in cameras},
                  "action_dim": int(sample[action].shape[-1])}
         if state is not None:
@@ -157,21 +161,25 @@ class PolicyTask(Task):
         if model_cfg.state_feature is not None:
             self._known_feature(model_cfg.state_feature, "state_feature")
         self._known_feature(model_cfg.action_feature, "action_feature")
-        pool = self._pool()
+        pool = set(self._pool())
         eps = self.meta.episodes
-        lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in set(pool)}
+        lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in pool}
         shortest = min(lengths, key=lengths.get)
         if model_cfg.horizon > lengths[shortest]:
             raise ConfigError(f"model.horizon={model_cfg.horizon} is longer than episode {shortest} of "
                               f"{self.data.path} ({lengths[shortest]} frames); lower model.horizon or leave the "
                               "short episodes out with data.episodes")
         self._split(0)
-        self._pipeline(train=True)
+        self.pipeline(train=True)
         used = set(observation_keys(model_cfg))
-        for wire, feature in (self.data.wire_keys or {}).items():
-            if feature not in used:
-                raise ConfigError(f"data.wire_keys.{wire}: '{feature}' is not an observation the policy reads "
-                                  f"({', '.join(sorted(used))})")
+        if self.data.wire_keys is not None:
+            for wire, feature in self.data.wire_keys.items():
+                if feature not in used:
+                    raise ConfigError(f"data.wire_keys.{wire}: '{feature}' is not an observation the policy reads "
+                                      f"({', '.join(sorted(used))})")
+            unmapped = sorted(used - set(self.data.wire_keys.values()))
+            if unmapped:
+                raise ConfigError(f"data.wire_keys: no wire key maps to {unmapped}, which the policy reads")
         tokenizer = getattr(model_cfg, "tokenizer", None)
         if tokenizer is not None:
             self._prompt_tokens(model_cfg)
@@ -195,19 +203,20 @@ class PolicyTask(Task):
     def build(self, model_cfg: PolicyConfig, train_cfg, seed: int, dp_size: int) -> TaskData:
         train_eps, valid_eps = self._split(seed)
         prompts = self._prompt_tokens(model_cfg)
-        train = PolicyWindows(self._frames(model_cfg, train_eps), self._pipeline(train=True, seed=seed), model_cfg,
+        train = PolicyWindows(self._frames(model_cfg, train_eps), self.pipeline(train=True, seed=seed), model_cfg,
                               seed, prompts)
         valid = None
         if valid_eps:
-            valid = PolicyWindows(self._frames(model_cfg, valid_eps), self._pipeline(train=False), model_cfg, seed,
+            valid = PolicyWindows(self._frames(model_cfg, valid_eps), self.pipeline(train=False), model_cfg, seed,
                                   prompts)
             if len(valid) < train_cfg.micro_batch_size * dp_size:
                 raise ConfigError(f"data: the validation episodes hold {len(valid)} frames, fewer than one "
                                   f"micro-batch on every rank ({train_cfg.micro_batch_size} × {dp_size})")
-        pipeline = self._pipeline(train=False)
+        pipeline = self.pipeline(train=False)
         self._assets = {**pipeline_assets(pipeline), POLICY_SPEC: self._policy_spec(model_cfg)}
         if prompts is not None:  # a served policy tokenizes its prompts as training did
-            self._assets.update({name: path.read_bytes() for name, path in tokenizer_assets(model_cfg.tokenizer).items()})
+            files = tokenizer_assets(model_cfg.tokenizer)
+            self._assets.update({name: path.read_bytes() for name, path in files.items()})
         summary = {"train_episodes": len(train_eps), "train_frames": len(train), "valid_episodes": len(valid_eps),
                    "valid_frames": len(valid) if valid is not None else 0}
         return TaskData(train, valid, make_policy_loss(pipeline, model_cfg, self._action_names(model_cfg)), summary)
@@ -225,13 +234,16 @@ class PolicyTask(Task):
 
     def _policy_spec(self, cfg: PolicyConfig) -> bytes:
         meta = self.meta
-        inputs = {key: {"shape": list(meta.features[key].shape),
-                        "dtype": meta.features[key].dtype, "model_shape": cfg.image_features[key]}
-                  for key in cfg.image_features}
+
+        def feature(key: str, model_shape: list[int]) -> dict:
+            """As stored (shape, dtype) and as the model sees it after the transforms."""
+            return {"shape": list(meta.features[key].shape), "dtype": meta.features[key].dtype,
+                    "model_shape": model_shape}
+
+        inputs = {key: feature(key, shape) for key, shape in cfg.image_features.items()}
         if cfg.state_feature is not None:
-            inputs[cfg.state_feature] = {"shape": list(meta.features[cfg.state_feature].shape),
-                                         "dtype": meta.features[cfg.state_feature].dtype, "model_shape": [cfg.state_dim]}
-        action = meta.features[cfg.action_feature]
+            inputs[cfg.state_feature] = feature(cfg.state_feature, [cfg.state_dim])
+        action = {**feature(cfg.action_feature, [cfg.action_dim]), "names": self._action_names(cfg)}
         spec = {
             "format_version": POLICY_SPEC_VERSION,
             "fps": meta.fps,
@@ -239,8 +251,7 @@ class PolicyTask(Task):
             "horizon": cfg.horizon,
             "n_obs_steps": cfg.n_obs_steps,
             "input_features": inputs,
-            "output_features": {cfg.action_feature: {"shape": list(action.shape), "dtype": action.dtype,
-                                                     "names": self._action_names(cfg), "model_shape": [cfg.action_dim]}},
+            "output_features": {cfg.action_feature: action},
             "wire_keys": self.data.wire_keys or {key: key for key in inputs},
             "tasks": list(meta.tasks),
             "prompt": ({"max_prompt_len": self._prompt_tokens(cfg).length}
@@ -261,6 +272,11 @@ class PolicyTask(Task):
                           "the checkpoint was trained with; training goes on with the new ones")
             return
         self._assets = saved
+
+    def param_groups(self, model: torch.nn.Module) -> list[ParamGroup] | None:
+        """The policy's own components and learning-rate scales (e.g. a VLA's backbone, slower or frozen)."""
+        groups = model.param_groups()
+        return None if groups is None else [ParamGroup(names, lr_scale) for names, lr_scale in groups.values()]
 
     def export_assets(self) -> dict[str, Path | bytes]:
         if self._assets is None:
@@ -292,7 +308,8 @@ def action_errors(policy, batch: dict, pipeline: Pipeline, cfg: PolicyConfig,
     pred = policy.predict(obs, noise_key=batch["noise_key"]).float()
     context = {cfg.state_feature: batch[cfg.state_feature]} if cfg.state_feature is not None else {}
     robot_pred = pipeline.unapply({**context, cfg.action_feature: pred})[cfg.action_feature]
-    robot_true = pipeline.unapply({**context, cfg.action_feature: batch[cfg.action_feature].float()})[cfg.action_feature]
+    target = batch[cfg.action_feature].float()
+    robot_true = pipeline.unapply({**context, cfg.action_feature: target})[cfg.action_feature]
     real = (~batch["action_is_pad"]).float().unsqueeze(-1)  # [B, H, 1]
     per_dim = ((robot_pred - robot_true).abs() * real).sum(1) / real.sum(1).clamp(min=1)  # [B, A]
     per_dim = per_dim.mean(0)

@@ -61,7 +61,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``mask``: a [B, 1, T, T] boolean mask that replaces the causal one (packed documents)."""
+        """``mask``: a [B, 1, T, S] boolean mask that replaces the causal one (packed documents, a prefix seen
+        bidirectionally); with a ``cache``, its S keys are the cached ones followed by the T new ones."""
         B, T, _ = x.shape
         # Head counts come from the projections (-1), so a tensor-parallel shard of heads works unchanged.
         q = self.wq(x).view(B, T, -1, self.head_dim)
@@ -74,10 +75,11 @@ class Attention(nn.Module):
 
         causal = mask is None and T > 1
         if cache is not None:
-            mask, causal = chunk_attention_mask(cache.length, T, x.device)
+            if mask is None:
+                mask, causal = chunk_attention_mask(cache.length, T, x.device)
             k, v = cache.update(self.layer_id, k, v)
         grouped = q.shape[1] != k.shape[1]
-        if T == 1 and grouped:
+        if T == 1 and grouped and mask is None:
             # Single-token decode: fold each group's query heads into the query-length axis, so the
             # group attends to its one kv head as a plain multi-query batch without repeating k/v.
             out = F.scaled_dot_product_attention(q.view(B, k.shape[1], -1, self.head_dim), k, v)

@@ -66,6 +66,11 @@ class Policy(nn.Module):
         Training goes through ``forward`` so that DDP and FSDP2 see the call (their hooks sit on it)."""
         raise NotImplementedError
 
+    def param_groups(self) -> dict[str, tuple[list[str], float]] | None:
+        """component -> (parameter names, learning-rate scale) for per-component learning rates; parameters in no
+        group are frozen. None: every parameter trains at the base rate."""
+        return None
+
     @torch.no_grad()
     def predict(self, obs: dict, noise_key: torch.Tensor | None = None) -> torch.Tensor:
         """The action chunk [B, horizon, action_dim] for an observation batch (normalised units). Random policies

@@ -1,5 +1,6 @@
 """Image encoders shared by the policies (plain PyTorch; no torchvision)."""
 
 from longboat.models.vision.resnet import ResNet, ResNetConfig
+from longboat.models.vision.vit import ViT, ViTConfig
 
-__all__ = ["ResNet", "ResNetConfig"]
+__all__ = ["ResNet", "ResNetConfig", "ViT", "ViTConfig"]
