@@ -60,22 +60,31 @@ def test_actions_are_fitted_to_the_env_and_unknown_names_are_listed():
         make_runner("mujoco", runner.spec)
 
 
-def test_pusht_runner_observes_as_lerobot_pusht_and_steps_async():
-    pytest.importorskip("gym_pusht", reason="PushT needs gym-pusht (pip install 'longboat[sim]')")
-    spec = ObservationSpec(wire_keys={"observation.image": "observation.image", "observation.state":
-                                      "observation.state"})
+def test_pusht_runner_observes_as_recorded_and_steps_async():
+    pytest.importorskip("gym_pusht", reason="Push-T needs gym-pusht (pip install 'longboat[sim]')")
+    spec = ObservationSpec(wire_keys={"image": "observation.images.top", "state": "observation.state"},
+                           cameras={"top": "top"}, image_size=48)
     runner = make_runner("pusht", spec)
-    assert runner.tasks() == ["pusht"] and runner.renders()
-    vec = runner.make_vector_env("pusht", 2, "async")
+    assert runner.tasks() == ["push_t"] and runner.renders()
+    vec = runner.make_vector_env("push_t", 2, "async")
+    recorded = make_env("pusht:push_t")
     try:
         obs, _ = vec.reset(seed=[0, 1], options={"video_seeds": [0]})
-        assert obs["observation.image"].shape == (2, 96, 96, 3) and obs["observation.state"].shape == (2, 2)
+        for i in range(2):
+            np.testing.assert_array_equal(obs["observation.state"][i], recorded.reset(i))
+            np.testing.assert_array_equal(obs["observation.images.top"][i], recorded.render("top", 48))
         request = runner.request({k: v[1] for k, v in obs.items()}, "push")
-        assert set(request) == {"observation.image", "observation.state", "prompt"}
-        # Moving the agent to where it is: nothing moves, nothing succeeds, the video frames come in env 0 only.
-        obs, reward, success, _, info = vec.step(obs["observation.state"])
-        assert not success.any() and reward.shape == (2,) and list(info["_" + FRAME_INFO]) == [True, False]
+        assert set(request) == {"image", "state", "prompt"}
+        # The recorder's expert drives env 0 as it drives the recording env; the video frames come from env 0 only.
+        recorded.reset(0)
+        for _ in range(5):
+            action = recorded.expert_action()
+            obs, reward, success, _, info = vec.step(np.stack([action, obs["observation.state"][1, :2]]))
+            state, recorded_reward, _ = recorded.step(action)
+            np.testing.assert_allclose(obs["observation.state"][0], state, rtol=1e-6)
+        assert not success.any() and list(info["_" + FRAME_INFO]) == [True, False]
         far = runner.action(np.array([900.0, -5.0]), vec.single_action_space)
         np.testing.assert_array_equal(far, [512.0, 0.0])
     finally:
         vec.close()
+        recorded.close()

@@ -1,5 +1,5 @@
-"""Runners over the simulators ``longboat data record`` records (``metaworld``, ``fetch``): the same ``SimEnv``
-classes, cameras and renderer, so evaluation observations match the recorded ones."""
+"""Runners over the simulators ``longboat data record`` records (``metaworld``, ``fetch``, ``pusht``): the same
+``SimEnv`` classes, cameras and renderer, so evaluation observations match the recorded ones."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from longboat.eval.runners.base import (FRAME_INFO, IMAGE_PREFIX, STATE_FEATURE,
                                         register_runner)
 
 
-def _sim_task_env(env_name: str, spec: ObservationSpec):
+def _sim_task_env(env_name: str, spec: ObservationSpec, bounds: tuple[float, float]):
     """A ``gymnasium.Env`` over the recording environment ``env_name`` (defined on first use: gymnasium is part of
     the optional simulator extra)."""
     gym = import_simulator("gymnasium")
@@ -37,7 +37,7 @@ def _sim_task_env(env_name: str, spec: ObservationSpec):
             self.observation_space = spaces.Dict({
                 STATE_FEATURE: spaces.Box(-np.inf, np.inf, (self.state_dim,), np.float32),
                 **{IMAGE_PREFIX + key: spaces.Box(0, 255, (size, size, 3), np.uint8) for key in spec.cameras}})
-            self.action_space = spaces.Box(-1.0, 1.0, (self.sim.action_dim,), np.float32)
+            self.action_space = spaces.Box(*bounds, (self.sim.action_dim,), np.float32)
             self._video = False
 
         def _observe(self, state: np.ndarray) -> dict:
@@ -69,11 +69,13 @@ def _sim_task_env(env_name: str, spec: ObservationSpec):
 
 
 class SimRunner(Runner):
+    action_bounds = (-1.0, 1.0)
+
     def tasks(self) -> list[str]:
         return SIMULATORS[self.name].tasks()
 
     def env_fn(self, task: str, spec: ObservationSpec):
-        return partial(_sim_task_env, f"{self.name}:{task}", spec)
+        return partial(_sim_task_env, f"{self.name}:{task}", spec, self.action_bounds)
 
 
 @register_runner("metaworld")
@@ -84,3 +86,10 @@ class MetaWorldRunner(SimRunner):
 @register_runner("fetch")
 class FetchRunner(SimRunner):
     """gymnasium-robotics Fetch: ``reach``, ``push``, ``pick_and_place``."""
+
+
+@register_runner("pusht")
+class PushTRunner(SimRunner):
+    """gym-pusht's Push-T (``push_t``): actions are the pusher's target in [0, 512]²."""
+
+    action_bounds = (0.0, 512.0)
