@@ -87,9 +87,10 @@ def policy_info(cfg: EvalConfig) -> PolicyInfo:
     obs = cfg.observation
     manifest: dict = {}
     if not cfg.is_url:
-        from longboat.recipes.serve import POLICY_MANIFEST, export_dir
+        from longboat.recipes.serve import export_dir
+        from longboat.tasks.policy import POLICY_SPEC
 
-        path = export_dir(cfg.policy) / POLICY_MANIFEST
+        path = export_dir(cfg.policy) / POLICY_SPEC
         try:
             manifest = json.loads(path.read_text())
         except (OSError, ValueError) as e:
