@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from longboat import __version__
 
@@ -107,6 +108,29 @@ def _eval_lm(args: argparse.Namespace) -> int:
     fields = ("data", "kind", "batch_size", "limit", "max_new_tokens", "chat", "normalize", "delimiter", "output")
     cfg = validate(EvalLMConfig, {k: getattr(args, k) for k in fields}, "eval-lm")
     run_eval_lm(args.model, cfg)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from longboat.config.base import ConfigError
+
+    if args.config == "compare":
+        from longboat.eval.compare import compare, format_comparison
+
+        if len(args.overrides) != 2:
+            raise ConfigError("eval compare: expected two run directories, A and B")
+        a, b = args.overrides
+        print(format_comparison(compare(a, b), a, b))
+        return 0
+    from longboat.eval.config import load_eval_config
+    from longboat.eval.orchestrator import run_eval
+    from longboat.eval.report import REPORT_FILE
+
+    cfg = load_eval_config(args.config, args.overrides)
+    overall = run_eval(cfg, progress=not args.no_progress)["overall"]
+    low, high = overall["ci95"]
+    print(f"success {overall['successes']}/{overall['episodes']} ({overall['success_rate']:.1%}, 95% CI "
+          f"{low:.1%}-{high:.1%}); report: {Path(cfg.output_dir) / REPORT_FILE}")
     return 0
 
 
@@ -242,6 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(empty with --chat)")
     p.add_argument("--output", default=None, metavar="results.json", help="write metrics and per-item predictions")
     p.set_defaults(func=_eval_lm)
+
+    p = sub.add_parser("eval", help="evaluate a robot policy in closed loop (`eval CONFIG`), or compare two runs "
+                                    "(`eval compare A B`)",
+                       description="Run the episodes of an eval config against a policy server (started from an "
+                                   "export, or at a URL), resuming from output_dir/results.jsonl; write "
+                                   "summary.json and report.html. `longboat eval compare A B` sets two runs side "
+                                   "by side.")
+    p.add_argument("config", help="an eval YAML config, or 'compare'")
+    p.add_argument("overrides", nargs="*", metavar="key=value | RUN_DIR",
+                   help="config overrides (e.g. episodes=50); for compare: the two run directories")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("export", help="write a safetensors export from a run directory or a checkpoint")
     p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")

@@ -24,8 +24,7 @@ class SimEnv(ABC):
     rotated_cameras: frozenset[str] = frozenset()  # rendered turned 180°
 
     def __init__(self):
-        self._renderer: CameraRenderer | None = None
-        self._renderer_size = 0
+        self._renderers: dict[int, CameraRenderer] = {}  # by size: an eval renders policy frames and video frames
 
     @abstractmethod
     def reset(self, seed: int) -> np.ndarray: ...
@@ -43,15 +42,14 @@ class SimEnv(ABC):
     def render(self, camera: str, size: int) -> np.ndarray:
         """uint8 RGB [size, size, 3] of ``camera`` now."""
         model, data = self.physics()
-        if self._renderer_size != size:
-            self.close_renderer()
-            self._renderer, self._renderer_size = CameraRenderer(model, size, self.rotated_cameras), size
-        return self._renderer.render(data, camera)
+        if size not in self._renderers:
+            self._renderers[size] = CameraRenderer(model, size, self.rotated_cameras)
+        return self._renderers[size].render(data, camera)
 
     def close_renderer(self) -> None:
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer, self._renderer_size = None, 0
+        for renderer in self._renderers.values():
+            renderer.close()
+        self._renderers.clear()
 
     def close(self) -> None:
         self.close_renderer()

@@ -1,0 +1,97 @@
+"""Closed-loop evaluation throughput: episodes/s of ``longboat eval`` with 4 parallel envs and batched serving
+against 1 env and one request at a time, on the same policy and episodes, and where the time goes.
+
+The policy is the untrained stand-in MLP (``longboat serve --random-policy``) reading a Meta-World camera and the
+state, with ``--delay-ms`` per forward pass standing in for a model whose time does not grow with the batch; its
+actions mean nothing, so every episode runs to the step limit and both setups do the same work. Per setup: wall
+time, episodes/s (overall, and once the envs are up: start-up is one metaworld import and benchmark build per
+env process), the time stepping envs (rendering included), waiting for chunks, and, per request, round trip
+vs server inference (the difference is transport and queueing). A single env's step is also timed with and without
+rendering its camera.
+
+    python -P bench/eval_throughput.py [--episodes 8] [--steps 40] [--size 64] [--delay-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from longboat.eval.config import EvalConfig
+from longboat.eval.orchestrator import run_eval
+from longboat.eval.results import read_results
+from longboat.eval.runners import ObservationSpec, make_runner
+from longboat.eval.server_manager import ServerManager
+
+TASK, CAMERA, HORIZON = "reach-v3", "corner", 8
+
+
+def setup(args, root: Path, name: str, num_envs: int, window_ms: float, vector: str) -> dict:
+    spec = {"observation": {"observation.images.corner": [args.size, args.size, 3], "observation.state": [39]},
+            "horizon": HORIZON, "action_dim": 4, "delay_ms": args.delay_ms, "noise": 0.0}
+    serve = ["--random-policy", json.dumps(spec), "--threads", "1", "--batch-window-ms", str(window_ms)]
+    with ServerManager(serve, root / f"{name}.log") as server:
+        cfg = EvalConfig(benchmark="metaworld", tasks=[TASK], episodes=args.episodes, num_envs=num_envs,
+                         vector=vector, policy=f"ws://{server.host}:{server.port}", max_steps=args.steps,
+                         observation={"cameras": [CAMERA], "image_size": args.size}, videos_per_task=0,
+                         output_dir=str(root / name))
+        start = time.perf_counter()
+        summary = run_eval(cfg, progress=False)
+        wall = time.perf_counter() - start
+    episodes = read_results(root / name / "results.jsonl")
+    latency = [x for e in episodes for x in e["latency_ms"]]
+    infer = [x for e in episodes for x in e["infer_ms"]]
+    timing = summary["this_run_timing"]
+    loop = timing["env_s"] + timing["request_s"]  # the episodes themselves, without starting envs and clients
+    return {"setup": name, "wall_s": wall, "episodes_per_s": len(episodes) / wall, **timing,
+            "loop_episodes_per_s": len(episodes) / loop,
+            "requests": len(latency), "round_trip_ms": float(np.mean(latency)), "infer_ms": float(np.mean(infer))}
+
+
+def env_step_ms(size: int, steps: int = 30) -> tuple[float, float]:
+    """One env's step without and with rendering its camera (ms)."""
+    out = []
+    for cameras in ({}, {CAMERA: CAMERA}):
+        runner = make_runner("metaworld", ObservationSpec(wire_keys={}, cameras=cameras, image_size=size))
+        vec = runner.make_vector_env(TASK, 1, "sync")
+        vec.reset(seed=[0])
+        vec.step(np.zeros((1, 4), np.float32))
+        start = time.perf_counter()
+        for _ in range(steps):
+            vec.step(np.zeros((1, 4), np.float32))
+        out.append((time.perf_counter() - start) * 1000 / steps)
+        vec.close()
+    return out[0], out[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=40, help="steps per episode")
+    parser.add_argument("--size", type=int, default=64, help="camera image size")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="time per forward pass")
+    args = parser.parse_args()
+    bare, rendered = env_step_ms(args.size)
+    print(f"one env step: {bare:.2f} ms, {rendered:.2f} ms rendering a {args.size}px camera")
+    with tempfile.TemporaryDirectory(prefix="longboat-eval-bench-") as tmp:
+        rows = [setup(args, Path(tmp), "1 env, 1 request at a time", 1, 0.0, "sync"),
+                setup(args, Path(tmp), "4 envs (sync), batched", 4, 2.0, "sync"),
+                setup(args, Path(tmp), "4 envs (async), batched", 4, 2.0, "async")]
+    print(f"{'setup':<28} {'wall s':>7} {'ep/s':>6} {'loop ep/s':>9} {'env s':>6} {'wait s':>7} {'requests':>8} "
+          f"{'round trip ms':>13} {'infer ms':>8}")
+    for r in rows:
+        print(f"{r['setup']:<28} {r['wall_s']:7.1f} {r['episodes_per_s']:6.3f} {r['loop_episodes_per_s']:9.3f} "
+              f"{r['env_s']:6.1f} {r['request_s']:7.1f} {r['requests']:8d} {r['round_trip_ms']:13.1f} "
+              f"{r['infer_ms']:8.1f}")
+    for r in rows[1:]:
+        print(f"{r['setup']}: {r['episodes_per_s'] / rows[0]['episodes_per_s']:.2f}x episodes/s overall, "
+              f"{r['loop_episodes_per_s'] / rows[0]['loop_episodes_per_s']:.2f}x once the envs are up (goal >= 2x)")
+
+
+if __name__ == "__main__":
+    main()

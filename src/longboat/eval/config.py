@@ -1,0 +1,82 @@
+"""``longboat eval`` configuration: what to evaluate, on which tasks and seeds, with how many envs, into where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from longboat.config.base import ConfigError, StrictModel, load_yaml, validate
+
+
+class ObservationConfig(StrictModel):
+    """What the envs render for the policy. Read from the export's ``policy.json`` when the policy is an export;
+    needed when it is a URL."""
+
+    cameras: list[str] = Field(default_factory=list, description="simulator cameras (observation.images.<name>)")
+    image_size: int = Field(default=128, ge=8)
+    state_dim: int | None = Field(default=None, gt=0, description="zero-pad the state to this; null: as given")
+    wire_keys: dict[str, str] | None = Field(default=None, description="wire key -> feature; null: feature names")
+
+
+class ServeConfig(StrictModel):
+    """How the policy server is started when ``policy`` is an export or a run directory."""
+
+    device: str | None = None
+    batch_window_ms: float = Field(default=2.0, ge=0)
+    max_batch: int = Field(default=32, gt=0)
+    threads: int | None = Field(default=None, gt=0)
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class EvalConfig(StrictModel):
+    benchmark: str = Field(description="runner name: metaworld, fetch")
+    tasks: list[str] = Field(min_length=1)
+    episodes: int = Field(default=10, gt=0, description="episodes per task (seeds seed, seed+1, ...)")
+    seed: int = Field(default=0, ge=0)
+    seeds: list[int] | None = Field(default=None, description="explicit episode seeds (overrides episodes/seed)")
+    policy: str = Field(description="an export or run directory (served by a managed server), or ws://host:port")
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    observation: ObservationConfig | None = None
+    num_envs: int = Field(default=4, gt=0)
+    vector: Literal["auto", "sync", "async"] = Field(
+        default="auto", description="auto: async (spawned workers) when envs render cameras, else sync")
+    replan_steps: int | None = Field(default=None, gt=0, description="actions used per chunk; null: the horizon")
+    max_steps: int | None = Field(default=None, gt=0, description="episode step limit; null: the benchmark's")
+    episode_timeout_s: float | None = Field(default=None, gt=0, description="wall-clock limit per episode")
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    videos_per_task: int = Field(default=2, ge=0)
+    video_camera: str | None = Field(default=None, description="null: the first policy camera, else the default")
+    video_size: int = Field(default=128, ge=16)
+    output_dir: str
+
+    @model_validator(mode="after")
+    def _distinct(self):
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks name a task twice: {self.tasks}")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds name a seed twice: {self.seeds}")
+        return self
+
+    @property
+    def is_url(self) -> bool:
+        return self.policy.startswith(("ws://", "wss://"))
+
+    def episode_seeds(self) -> list[int]:
+        return list(self.seeds) if self.seeds is not None else [self.seed + i for i in range(self.episodes)]
+
+    def identity(self) -> dict:
+        """What decides which episodes a run holds and what they mean: a resumed run must agree on it."""
+        return {"benchmark": self.benchmark, "policy": self.policy, "seeds": self.episode_seeds(),
+                "replan_steps": self.replan_steps, "max_steps": self.max_steps,
+                "observation": self.observation.model_dump() if self.observation else None}
+
+
+def load_eval_config(path: str | Path, overrides: list[str] | None = None) -> EvalConfig:
+    from longboat.config.base import apply_overrides
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such eval config")
+    return validate(EvalConfig, apply_overrides(load_yaml(path), overrides or []), str(path))

@@ -1,0 +1,89 @@
+"""The runner interface: one benchmark's environments behind gymnasium vector envs, observations as policy
+requests, chunk rows as env actions.
+
+A runner builds, per task, environments whose observation is a dict of dataset features (exactly what ``longboat
+data record`` writes for that simulator: ``observation.state`` and ``observation.images.<camera>`` uint8
+[H, W, 3]), so a policy trained on recorded data sees the same layout in closed loop. ``request`` renames the
+features to the policy's wire keys; ``action`` fits a row of the action chunk to the environment. Each env reports
+``success`` in its step info; episodes end on the first success, as recorded episodes do.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import numpy as np
+
+from longboat.data.robot.record.optional import import_simulator
+
+STATE_FEATURE = "observation.state"
+IMAGE_PREFIX = "observation.images."
+FRAME_INFO = "frame"  # step/reset info of an episode recorded on video: the video camera's frame
+
+
+@dataclass(frozen=True)
+class ObservationSpec:
+    """What the policy reads: ``cameras`` dataset camera key -> simulator camera (None: the simulator's default),
+    frames ``image_size`` square, the state zero-padded to ``state_dim`` (None: as the simulator gives it);
+    ``wire_keys`` wire key -> feature. Videos show ``video_camera`` (None: the simulator's default)."""
+
+    wire_keys: dict[str, str]
+    cameras: dict[str, str | None] = field(default_factory=dict)
+    image_size: int = 128
+    state_dim: int | None = None
+    video_camera: str | None = None  # rendered only in the episodes recorded on video
+    video_size: int = 128
+
+
+class Runner(ABC):
+    """One benchmark: its tasks, their environments, and the mapping between environments and the policy."""
+
+    name: str
+
+    def __init__(self, spec: ObservationSpec):
+        self.spec = spec
+
+    @abstractmethod
+    def tasks(self) -> list[str]:
+        """The task names this benchmark knows."""
+
+    @abstractmethod
+    def env_fn(self, task: str, spec: ObservationSpec) -> Callable[[], object]:
+        """A picklable factory of one ``gymnasium.Env`` of ``task`` (run in a worker process for async envs)."""
+
+    def renders(self) -> bool:
+        """Whether stepping renders images (then async envs, one process each, pay off)."""
+        return bool(self.spec.cameras)
+
+    def request(self, obs: dict[str, np.ndarray], prompt: str) -> dict:
+        """One env's observation (dataset features, time axis included when the policy stacks frames) as a
+        policy request keyed by wire keys."""
+        return {wire: obs[feature] for wire, feature in self.spec.wire_keys.items()} | {"prompt": prompt}
+
+    def action(self, row: np.ndarray, space) -> np.ndarray:
+        """A row of the action chunk in robot units, fitted to one env's action space (a policy trained on several
+        simulators pads actions to the widest one: the env takes its own leading dimensions)."""
+        return np.clip(np.asarray(row, dtype=np.float32)[: space.shape[0]], space.low, space.high)
+
+    def make_vector_env(self, task: str, num_envs: int, mode: Literal["sync", "async"]):
+        """``num_envs`` envs of ``task``; async envs each run in a process started with ``spawn`` (forked GL
+        contexts break). Autoreset is off: the orchestrator resets each env when its episode ends."""
+        vector = import_simulator("gymnasium.vector")
+        fns = [self.env_fn(task, self.spec) for _ in range(num_envs)]
+        if mode == "async":
+            return vector.AsyncVectorEnv(fns, context="spawn", autoreset_mode=vector.AutoresetMode.DISABLED)
+        return vector.SyncVectorEnv(fns, autoreset_mode=vector.AutoresetMode.DISABLED)
+
+
+RUNNERS: dict[str, Callable[[ObservationSpec], Runner]] = {}
+
+
+def register_runner(name: str):
+    """Class decorator: the runner of benchmark ``name``."""
+    def wrap(cls):
+        cls.name = name
+        RUNNERS[name] = cls
+        return cls
+    return wrap
