@@ -28,7 +28,7 @@ def main() -> None:
     tasks = list(bundle.spec["tasks"])
     windows = {key: [0.0] for key in [*cfg.image_features, cfg.state_feature] if key is not None}
     windows[cfg.action_feature] = [i / fps for i in range(cfg.horizon)]
-    frames = RobotDataset(args.dataset, windows, episodes=args.episodes)
+    frames = RobotDataset(args.dataset, windows, episodes=args.episodes, cameras=list(cfg.image_features))
     own, other = defaultdict(list), defaultdict(list)
     for start in range(0, len(frames), 64):
         items = [frames[i] for i in range(start, min(start + 64, len(frames)), args.every)]

@@ -3,6 +3,9 @@ keeping) a Hugging Face checkpoint's weights and its prompts from the dataset's 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -12,7 +15,7 @@ from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.hf import save_hf_model
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
-from tests.tasks.policy_dataset import write_policy_dataset
+from tests.tasks.policy_dataset import TASKS, write_policy_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -41,3 +44,8 @@ def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
     torch.testing.assert_close(weights["backbone.tok_embeddings.weight"], hf["model.embed_tokens.weight"],
                                rtol=0, atol=0)
     assert (export / "tokenizer.json").is_file()
+    # The prompt experiment's measurement runs on the export (here on two episodes, one of each task).
+    table = subprocess.run([sys.executable, "examples/vla_prompts/measure.py", str(run_dir), str(dataset),
+                            "--episodes", "0", "1", "--every", "5"], check=True, capture_output=True, text=True).stdout
+    rows = {line[:45].strip(): line[45:].split() for line in table.splitlines()[1:]}
+    assert set(rows) == {*TASKS, "all"} and all(float(v) > 0 for r in rows.values() for v in r), table
