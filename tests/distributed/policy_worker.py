@@ -27,6 +27,8 @@ from longboat.trainer.trainer import DataParallel, Trainer
 # Every policy architecture with the model fields of its distributed test: other policies add their entry.
 ARCHS: dict[str, dict] = {
     "mlp": {"preset": "tiny"},
+    "act": {"preset": "tiny"},
+    "diffusion": {"preset": "tiny"},
     "flow_vla": {"preset": "tiny", "tokenizer": "tests/fixtures/sft/tokenizer",
                  "vision": {"patch_size": 2, "d_model": 16, "n_layers": 1, "n_heads": 2}},
 }

@@ -57,7 +57,7 @@ def test_export_and_checkpoint_serve_the_in_process_actions(trained):
     resolved = load_run_dir_config(run_dir)
     model = resolved.spec.build(resolved.model).eval()
     load_model_weights(CheckpointManager(run_dir / "checkpoints").latest(), model)
-    pipeline = resolved.task._pipeline(train=False)
+    pipeline = resolved.task.pipeline(train=False)
     applied = pipeline.apply({k: obs[k] for k in (CAMERA, "observation.state")})
     chunk = pipeline.unapply({"observation.state": applied["observation.state"], "action": model.predict(applied)})
     expected = chunk["action"]

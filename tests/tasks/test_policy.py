@@ -144,6 +144,7 @@ def test_assets_ride_in_the_checkpoint_state(dataset, tmp_path):
     ("data.valid_episodes=[9]", "data.valid_episodes: [9] are not among the selected episodes"),
     ("data.episodes=[0,7]", "data.episodes: episodes [7] are not in"),
     ("data.wire_keys={cam: observation.images.side}", "data.wire_keys.cam: 'observation.images.side' is not an"),
+    ("data.wire_keys={cam: observation.images.top}", "data.wire_keys: no wire key maps to ['observation.state']"),
     ("data.transforms=[{type: normalize, features: {observation.effort: mean_std}}]",
      "needs stats of 'observation.effort'"),
     ("data.path=/nonexistent", "data.path: /nonexistent: not a LeRobot dataset"),

@@ -135,6 +135,32 @@ def _quickstart(args: argparse.Namespace) -> int:
     return quickstart.run(args.run_dir, args.steps, args.overrides)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    from longboat.config.base import ConfigError, validate
+    from longboat.eval.server import ServerConfig
+    from longboat.recipes.serve import open_served_policy, random_policy, serve, set_cpu_threads
+
+    if (args.path is None) == (args.random_policy is None):
+        raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")
+    fields = {"host": args.host, "port": args.port, "batch_window_ms": args.batch_window_ms,
+              "max_batch": args.max_batch, "max_message_bytes": args.max_message_bytes,
+              "api_key": os.environ.get("LONGBOAT_API_KEY") or None}
+    cfg = validate(ServerConfig, fields, "serve")
+    set_cpu_threads(args.threads)
+    device = args.device or ("cuda" if _cuda() else "cpu")
+    policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
+    serve(policy, cfg)
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _models(args: argparse.Namespace) -> int:
     from longboat.models import get_model, model_names
 
@@ -240,6 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=_quickstart)
+
+    p = sub.add_parser("serve", help="serve a robot policy to openpi-compatible clients over websockets",
+                       description="Serve a policy export over the openpi websocket protocol (openpi-client works "
+                                   "unchanged), batching concurrent requests. Set LONGBOAT_API_KEY to require "
+                                   "'Authorization: Api-Key <key>'.")
+    p.add_argument("path", nargs="?", help="a policy export, or a run directory holding one (export/)")
+    p.add_argument("--random-policy", nargs="?", const="{}", default=None, metavar="SPEC",
+                   help="serve an untrained MLP instead, for testing clients and measuring the server: a YAML/JSON "
+                        "file or inline JSON of its fields (observation, horizon, action_dim, delay_ms, ...)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--batch-window-ms", type=float, default=2.0,
+                   help="how long a batch waits for more requests (0: one request at a time)")
+    p.add_argument("--max-batch", type=int, default=32, help="most requests in one forward pass")
+    p.add_argument("--max-message-bytes", type=int, default=32 << 20, help="larger requests are refused unread")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=_at_least_one, default=None,
+                   help="torch CPU threads (default: all but one core, which is left to the event loop)")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("models", help="list the model presets")
     p.set_defaults(func=_models)

@@ -107,7 +107,7 @@ class PolicyTask(Task):
             raise ConfigError("data.valid_episodes: holds out every selected episode; none is left for training")
         return train, valid
 
-    def _pipeline(self, train: bool, seed: int = 0) -> Pipeline:
+    def pipeline(self, train: bool, seed: int = 0) -> Pipeline:
         return Pipeline.from_config(self.data.transforms, self.meta.stats or {}, source=self.data.path + " stats",
                                     prefix="data.transforms", seed=seed, train=train)
 
@@ -141,7 +141,7 @@ class PolicyTask(Task):
             image_features={k: [1, 1, 1] for k in cameras}, state_feature=state, action_feature=action,
             horizon=fields.get("horizon", defaults["horizon"].default),
             n_obs_steps=fields.get("n_obs_steps", defaults["n_obs_steps"].default))
-        sample = PolicyWindows(self._frames(probe, self._pool()[:1]), self._pipeline(train=False), probe, 0)[0]
+        sample = PolicyWindows(self._frames(probe, self._pool()[:1]), self.pipeline(train=False), probe, 0)[0]
         found = {"image_features": {k: list(sample[k].shape[-3:]) for k in cameras},
                  "action_dim": int(sample[action].shape[-1])}
         if state is not None:
@@ -158,21 +158,25 @@ class PolicyTask(Task):
         if model_cfg.state_feature is not None:
             self._known_feature(model_cfg.state_feature, "state_feature")
         self._known_feature(model_cfg.action_feature, "action_feature")
-        pool = self._pool()
+        pool = set(self._pool())
         eps = self.meta.episodes
-        lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in set(pool)}
+        lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in pool}
         shortest = min(lengths, key=lengths.get)
         if model_cfg.horizon > lengths[shortest]:
             raise ConfigError(f"model.horizon={model_cfg.horizon} is longer than episode {shortest} of "
                               f"{self.data.path} ({lengths[shortest]} frames); lower model.horizon or leave the "
                               "short episodes out with data.episodes")
         self._split(0)
-        self._pipeline(train=True)
+        self.pipeline(train=True)
         used = set(observation_keys(model_cfg))
-        for wire, feature in (self.data.wire_keys or {}).items():
-            if feature not in used:
-                raise ConfigError(f"data.wire_keys.{wire}: '{feature}' is not an observation the policy reads "
-                                  f"({', '.join(sorted(used))})")
+        if self.data.wire_keys is not None:
+            for wire, feature in self.data.wire_keys.items():
+                if feature not in used:
+                    raise ConfigError(f"data.wire_keys.{wire}: '{feature}' is not an observation the policy reads "
+                                      f"({', '.join(sorted(used))})")
+            unmapped = sorted(used - set(self.data.wire_keys.values()))
+            if unmapped:
+                raise ConfigError(f"data.wire_keys: no wire key maps to {unmapped}, which the policy reads")
         tokenizer = getattr(model_cfg, "tokenizer", None)
         if tokenizer is not None:
             self._prompt_tokens(model_cfg)
@@ -196,16 +200,16 @@ class PolicyTask(Task):
     def build(self, model_cfg: PolicyConfig, train_cfg, seed: int, dp_size: int) -> TaskData:
         train_eps, valid_eps = self._split(seed)
         prompts = self._prompt_tokens(model_cfg)
-        train = PolicyWindows(self._frames(model_cfg, train_eps), self._pipeline(train=True, seed=seed), model_cfg,
+        train = PolicyWindows(self._frames(model_cfg, train_eps), self.pipeline(train=True, seed=seed), model_cfg,
                               seed, prompts)
         valid = None
         if valid_eps:
-            valid = PolicyWindows(self._frames(model_cfg, valid_eps), self._pipeline(train=False), model_cfg, seed,
+            valid = PolicyWindows(self._frames(model_cfg, valid_eps), self.pipeline(train=False), model_cfg, seed,
                                   prompts)
             if len(valid) < train_cfg.micro_batch_size * dp_size:
                 raise ConfigError(f"data: the validation episodes hold {len(valid)} frames, fewer than one "
                                   f"micro-batch on every rank ({train_cfg.micro_batch_size} × {dp_size})")
-        pipeline = self._pipeline(train=False)
+        pipeline = self.pipeline(train=False)
         self._assets = {**pipeline_assets(pipeline), POLICY_SPEC: self._policy_spec(model_cfg)}
         if prompts is not None:  # a served policy tokenizes its prompts as training did
             self._assets.update({name: path.read_bytes() for name, path in tokenizer_assets(model_cfg.tokenizer).items()})

@@ -2,7 +2,6 @@
 
 from longboat.models.policy.base import Policy, PolicyConfig
 from longboat.models.policy.keyed_random import keyed_normal, keyed_randint, keyed_uniform, noise_key
-from longboat.models.policy import mlp  # noqa: F401  (registers "mlp"; one line per policy family)
-from longboat.models.policy import flow_vla  # noqa: F401  (registers "flow_vla")
+from longboat.models.policy import act, diffusion, flow_vla, mlp  # noqa: F401  (each registers its architecture)
 
 __all__ = ["Policy", "PolicyConfig", "keyed_normal", "keyed_randint", "keyed_uniform", "noise_key"]

@@ -1,0 +1,247 @@
+"""``PolicyServer``: the openpi websocket protocol (FORMATS.md §3), with batching off the event loop.
+
+Per connection: the metadata frame first, then request/response; a request that fails (malformed msgpack, a text
+frame, wrong keys, a bad seed, an exception in the policy) is answered with a text frame (the error, or the
+traceback) and a close with code 1011, as openpi does; an oversize frame is refused before it is read (close code
+1009, the limit in the reason). Other connections are not affected. ``GET /healthz`` answers 200.
+
+Requests from all connections meet in one queue, read by one worker thread: it takes the first, waits up to
+``batch_window_ms`` for more (``max_batch`` at most, and never for more requests than there are connected clients,
+so a lone client waits for nobody; a window of 0 serves one request at a time) and hands the batch to the policy,
+while the event loop keeps reading, decoding, checking and answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import logging
+import queue
+import secrets
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from pydantic import Field
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
+
+from longboat.config.base import StrictModel
+from longboat.eval.protocol import HEALTH_PATH, SEED_KEY, Packer, ProtocolError, unpackb
+from longboat.eval.served import MAX_SEED, RequestError, ServedPolicy, seed_of, to_numpy
+
+log = logging.getLogger("longboat.serve")
+
+
+class ServerConfig(StrictModel):
+    host: str = Field(default="127.0.0.1", description="address to bind (0.0.0.0: every interface)")
+    port: int = Field(default=8000, ge=0, le=65535, description="0: any free port")
+    batch_window_ms: float = Field(default=2.0, ge=0, description="how long a batch waits for more requests; 0: off")
+    max_batch: int = Field(default=32, gt=0)
+    max_message_bytes: int = Field(default=32 << 20, gt=0, description="larger frames are refused unread")
+    api_key: str | None = Field(default=None, description="required as 'Authorization: Api-Key <key>' when set")
+
+
+@dataclass
+class _Pending:
+    obs: dict
+    seed: int
+    future: asyncio.Future
+    received: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class ServerStats:
+    forward_passes: int = 0
+    requests: int = 0
+    errors: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class PolicyServer:
+    def __init__(self, policy: ServedPolicy, cfg: ServerConfig | None = None):
+        self.policy, self.cfg = policy, cfg or ServerConfig()
+        self.stats = ServerStats()
+        self._metadata = Packer().pack(dict(policy.metadata))
+        self._requests: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._connections = 0
+
+    async def serve(self, ready: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
+        """Serve until ``stop`` is set (or the task is cancelled); ``ready`` receives the bound port."""
+        worker = threading.Thread(target=self._work, args=(asyncio.get_running_loop(),), name="longboat-infer",
+                                  daemon=True)
+        worker.start()
+        try:
+            async with serve(self._handle, self.cfg.host, self.cfg.port, compression=None,
+                             max_size=self.cfg.max_message_bytes, process_request=self._process_request) as server:
+                port = _bound_port(server)
+                log.info("serving on ws://%s:%d (batch window %g ms, max batch %d)", self.cfg.host, port,
+                         self.cfg.batch_window_ms, self.cfg.max_batch)
+                if ready is not None:
+                    ready.set_result(port)
+                await (stop.wait() if stop is not None else asyncio.Future())
+        finally:
+            self._requests.put(None)  # the worker ends after the batch it is computing
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == HEALTH_PATH:
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self.cfg.api_key is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Api-Key {self.cfg.api_key}".encode()):
+                return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong API key\n")
+        return None
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        packer = Packer()
+        await ws.send(self._metadata)
+        prev_total_ms = None
+        self._connections += 1
+        try:
+            async for message in ws:
+                start = time.monotonic()
+                try:
+                    result = await self._answer(message)
+                except Exception as e:  # this client's error: tell it, close its connection, serve the others
+                    self.stats.errors += 1
+                    text = str(e) if isinstance(e, (ProtocolError, RequestError)) else traceback.format_exc()
+                    log.warning("request from %s failed: %s", ws.remote_address, text.strip().splitlines()[-1])
+                    await ws.send(f"{type(e).__name__}: {text}" if isinstance(e, (ProtocolError, RequestError))
+                                  else text)
+                    await ws.close(CloseCode.INTERNAL_ERROR, "request failed; see the text frame")
+                    return
+                result["server_timing"] = {"infer_ms": (time.monotonic() - start) * 1000}
+                if prev_total_ms is not None:
+                    result["server_timing"]["prev_total_ms"] = prev_total_ms
+                await ws.send(packer.pack(result))
+                prev_total_ms = (time.monotonic() - start) * 1000
+        except ConnectionClosed:
+            pass
+        finally:
+            self._connections -= 1
+
+    async def _answer(self, message: bytes | str) -> dict:
+        if isinstance(message, str):
+            raise ProtocolError("expected a binary msgpack frame, got a text frame")
+        obs = unpackb(message)
+        if not isinstance(obs, dict):
+            raise ProtocolError(f"expected a map of observations, got {type(obs).__name__}")
+        seed = seed_of(obs)
+        if seed is None:
+            seed = secrets.randbelow(MAX_SEED + 1)
+        self.policy.check(obs)
+        pending = _Pending(obs, seed, asyncio.get_running_loop().create_future())
+        self._requests.put(pending)
+        result, infer_ms = await pending.future
+        return {**{k: to_numpy(v) for k, v in result.items()}, SEED_KEY: seed, "policy_timing": {"infer_ms": infer_ms}}
+
+    def _work(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The worker thread: take a request, gather a batch within the window, infer, hand the results back to
+        the event loop in one call. Batching here rather than on the loop saves a request a hop between tasks."""
+        window = self.cfg.batch_window_ms / 1000
+        while (first := self._requests.get()) is not None:
+            batch, deadline = [first], time.monotonic() + window
+            while window > 0 and len(batch) < min(self.cfg.max_batch, self._connections):
+                remaining = deadline - time.monotonic()
+                try:
+                    pending = self._requests.get(timeout=remaining) if remaining > 0 else self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if pending is None:
+                    return
+                batch.append(pending)
+            batch = [p for p in batch if not p.future.cancelled()]  # a client that left is not computed for
+            if batch:
+                outcomes = self._infer(batch)
+                try:
+                    loop.call_soon_threadsafe(_settle, batch, outcomes)
+                except RuntimeError:  # the loop closed while the batch computed: the server has stopped
+                    return
+
+    def _infer(self, batch: list[_Pending]) -> list:
+        """In the worker thread: the batch in one call; if it fails, each request alone, so only the request that
+        caused it gets the error."""
+        try:
+            return self._call([p.obs for p in batch], [p.seed for p in batch])
+        except Exception as e:
+            if len(batch) == 1:
+                return [e]
+        return [self._infer([p])[0] for p in batch]
+
+    def _call(self, observations: list[dict], seeds: list[int]) -> list[tuple[dict, float]]:
+        start = time.perf_counter()
+        results = self.policy.infer(observations, seeds)
+        infer_ms = (time.perf_counter() - start) * 1000
+        self.stats.forward_passes += 1
+        self.stats.requests += len(observations)
+        self.stats.batch_sizes.append(len(observations))
+        if len(results) != len(observations):
+            raise RuntimeError(f"the policy returned {len(results)} results for {len(observations)} observations")
+        return [(r, infer_ms) for r in results]
+
+    def run(self) -> None:
+        """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
+        import signal
+
+        async def main():
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await self.serve(stop=stop)
+            log.info("stopped after %d requests in %d forward passes", self.stats.requests, self.stats.forward_passes)
+
+        asyncio.run(main())
+
+
+@contextmanager
+def serving_in_thread(server: PolicyServer, timeout: float = 30.0) -> Iterator[int]:
+    """Run ``server`` on an event loop in a background thread; yields the bound port, stops on exit."""
+    loop = asyncio.new_event_loop()
+    ready: asyncio.Future = loop.create_future()
+    stop = asyncio.Event()
+    task_done = threading.Event()
+
+    def run():
+        try:
+            loop.run_until_complete(server.serve(ready, stop))
+        except BaseException as e:  # surfaced to the caller through ``ready``
+            if not ready.done():
+                ready.set_exception(e)
+        finally:
+            task_done.set()
+
+    thread = threading.Thread(target=run, name="longboat-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not ready.done() and not task_done.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not ready.done():
+        raise TimeoutError(f"the server did not start within {timeout:g} s")
+    port = ready.result()
+    try:
+        yield port
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout)
+        loop.close()
+
+
+def _settle(batch: list[_Pending], outcomes: list) -> None:
+    for pending, outcome in zip(batch, outcomes):
+        if pending.future.done():  # its client left
+            continue
+        if isinstance(outcome, BaseException):
+            pending.future.set_exception(outcome)
+        else:
+            pending.future.set_result(outcome)
+
+
+def _bound_port(server: Server) -> int:
+    return next(iter(server.sockets)).getsockname()[1]

@@ -1,0 +1,68 @@
+"""Observation encoder: camera frames and robot state over the observation window -> one conditioning vector."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from longboat.models.policy.diffusion.config import DiffusionConfig
+from longboat.models.vision import ResNet
+
+
+class SpatialSoftmax(nn.Module):
+    """Learned keypoints of a feature map (Levine et al., 2016): a 1x1 convolution proposes ``keypoints`` heat
+    maps, a softmax over each map's positions turns it into a distribution, and its expected (x, y) in [-1, 1]
+    is the keypoint. [N, C, H, W] -> [N, keypoints, 2]."""
+
+    def __init__(self, channels: int, keypoints: int):
+        super().__init__()
+        self.proj = nn.Conv2d(channels, keypoints, kernel_size=1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        maps = self.proj(features)
+        n, k, h, w = maps.shape
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h, device=maps.device, dtype=maps.dtype),
+                                torch.linspace(-1, 1, w, device=maps.device, dtype=maps.dtype), indexing="ij")
+        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # [H*W, 2]
+        attention = torch.softmax(maps.reshape(n, k, h * w), dim=-1)
+        return attention @ grid
+
+
+class CameraEncoder(nn.Module):
+    """One camera's frames [N, C, H, W] -> features [N, image_feature_dim]: ResNet, spatial softmax, linear."""
+
+    def __init__(self, cfg: DiffusionConfig, channels: int):
+        super().__init__()
+        vision = cfg.vision.model_copy(update={"in_channels": channels})
+        self.backbone = ResNet(vision)
+        self.keypoints = SpatialSoftmax(vision.out_channels, cfg.keypoints)
+        self.out = nn.Linear(2 * cfg.keypoints, cfg.image_feature_dim)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.out(self.keypoints(self.backbone(images)).flatten(1)))
+
+
+class ObservationEncoder(nn.Module):
+    """The global conditioning of the U-Net: per observation step the state and every camera's features,
+    concatenated over the ``n_obs_steps`` frames. A separate encoder per camera, as the paper."""
+
+    def __init__(self, cfg: DiffusionConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.camera_keys = sorted(cfg.image_features)
+        self.cameras = nn.ModuleList(CameraEncoder(cfg, cfg.image_features[k][0]) for k in self.camera_keys)
+
+    @property
+    def out_dim(self) -> int:
+        state = self.cfg.state_dim if self.cfg.state_feature is not None else 0
+        return self.cfg.n_obs_steps * (state + len(self.camera_keys) * self.cfg.image_feature_dim)
+
+    def forward(self, obs: dict) -> torch.Tensor:
+        parts = []
+        if self.cfg.state_feature is not None:
+            parts.append(obs[self.cfg.state_feature])  # [B, n_obs, S]
+        for key, encoder in zip(self.camera_keys, self.cameras):
+            frames = obs[key]  # [B, n_obs, C, H, W]
+            b, t = frames.shape[:2]
+            parts.append(encoder(frames.flatten(0, 1)).reshape(b, t, -1))
+        return torch.cat(parts, dim=-1).flatten(1)

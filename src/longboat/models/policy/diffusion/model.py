@@ -1,0 +1,53 @@
+"""Diffusion Policy (Chi et al., 2023): an action chunk denoised from Gaussian noise by a 1-D U-Net conditioned on
+the observation window. Training is DDPM's denoising loss at a random timestep; inference runs a few DDIM steps."""
+
+from __future__ import annotations
+
+import torch
+
+from longboat.config.base import ConfigError
+from longboat.models.policy.base import Policy
+from longboat.models.policy.diffusion.config import DiffusionConfig
+from longboat.models.policy.diffusion.encoder import ObservationEncoder
+from longboat.models.policy.diffusion.scheduler import NoiseScheduler
+from longboat.models.policy.diffusion.unet import ConditionalUnet1d
+from longboat.models.policy.keyed_random import keyed_normal, keyed_randint
+
+# keyed_normal(stream s) reads uniform streams 2s and 2s + 1, keyed_randint(stream s) uniform stream s.
+_NOISE_STREAM = 0
+_TIMESTEP_STREAM = 2
+
+
+class DiffusionPolicy(Policy):
+    def __init__(self, cfg: DiffusionConfig):
+        super().__init__(cfg)
+        if cfg.action_dim == 0:
+            raise ConfigError("model.action_dim is 0: the policy task fills it from the dataset before building")
+        self.encoder = ObservationEncoder(cfg)
+        self.unet = ConditionalUnet1d(cfg, self.encoder.out_dim)
+        self.scheduler = NoiseScheduler(cfg.train_timesteps, cfg.prediction,
+                                        cfg.clip_sample_range if cfg.clip_sample else None)
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Per-sample denoising loss: the MSE of the U-Net's prediction (noise or clean actions) at the sample's
+        timestep, both drawn from its ``noise_key``."""
+        actions = batch[self.cfg.action_feature]  # [B, horizon, A]
+        keys = batch["noise_key"]
+        noise = keyed_normal(keys, tuple(actions.shape[1:]), _NOISE_STREAM, actions.dtype)
+        t = keyed_randint(keys, (), self.cfg.train_timesteps, _TIMESTEP_STREAM)
+        prediction = self.unet(self.scheduler.add_noise(actions, noise, t), t, self.encoder(batch))
+        error = (prediction - self.scheduler.target(actions, noise)).square().mean(dim=-1)  # [B, horizon]
+        if self.cfg.mask_padding:
+            valid = (~batch["action_is_pad"]).to(error.dtype)
+            return {"loss": (error * valid).sum(1) / valid.sum(1).clamp(min=1)}
+        return {"loss": error.mean(dim=1)}
+
+    @torch.no_grad()
+    def predict(self, obs: dict, noise_key: torch.Tensor | None = None) -> torch.Tensor:
+        cond = self.encoder(obs)
+        shape = (cond.shape[0], self.cfg.horizon, self.cfg.action_dim)
+        if noise_key is None:
+            noise = torch.randn(shape, device=cond.device, dtype=cond.dtype)
+        else:
+            noise = keyed_normal(noise_key.to(cond.device), shape[1:], _NOISE_STREAM, cond.dtype)
+        return self.scheduler.sample(lambda x, t: self.unet(x, t, cond), noise, self.cfg.inference_steps)

@@ -1,0 +1,82 @@
+"""The noise schedule: DDPM forward noising for training (Ho et al., 2020) and DDIM sampling (Song et al., 2021).
+
+The betas follow the squared-cosine schedule (Nichol & Dhariwal, 2021; ``squaredcos_cap_v2`` in diffusers): the
+cumulative signal level is ``f(t / T) / f(0)`` with ``f(s) = cos((s + 0.008) / 1.008 * pi / 2)^2``, each beta capped
+at 0.999. Sampling uses DDIM with eta 0, so an action chunk is a deterministic function of its initial noise.
+Inference timesteps are spaced from the noisy end ("trailing"), so the first step starts at t = T - 1 where the
+initial noise is what training saw.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+
+def squared_cosine_alphas_cumprod(timesteps: int, max_beta: float = 0.999) -> torch.Tensor:
+    """Cumulative products of (1 - beta_t), float64 [timesteps]."""
+    def f(s: float) -> float:
+        return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
+
+    betas = torch.tensor([min(1 - f((i + 1) / timesteps) / f(i / timesteps), max_beta) for i in range(timesteps)],
+                         dtype=torch.float64)
+    return torch.cumprod(1 - betas, dim=0)
+
+
+class NoiseScheduler:
+    """Noises clean samples at a timestep and denoises pure noise in a few DDIM steps.
+
+    ``prediction`` says what the network outputs: the noise (``epsilon``) or the clean sample (``sample``).
+    ``clip`` bounds predicted clean samples to [-clip, clip] (None: unbounded).
+    """
+
+    def __init__(self, train_timesteps: int, prediction: str = "epsilon", clip: float | None = 1.0):
+        self.train_timesteps = train_timesteps
+        self.prediction = prediction
+        self.clip = clip
+        self.alphas_cumprod = squared_cosine_alphas_cumprod(train_timesteps)
+
+    def _alpha_bar(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """alphas_cumprod at timesteps ``t`` [B] (t < 0: 1, the clean end), shaped to broadcast over ``like``."""
+        table = torch.cat([self.alphas_cumprod.new_ones(1), self.alphas_cumprod]).to(like.device)
+        return table[t + 1].to(like.dtype).reshape(-1, *([1] * (like.ndim - 1)))
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x_t = sqrt(alpha_bar_t) x0 + sqrt(1 - alpha_bar_t) noise, per sample timestep ``t`` [B]."""
+        a = self._alpha_bar(t, x0)
+        return a.sqrt() * x0 + (1 - a).sqrt() * noise
+
+    def target(self, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """What the network is trained to output."""
+        return noise if self.prediction == "epsilon" else x0
+
+    def inference_timesteps(self, steps: int) -> list[int]:
+        """``steps`` timesteps from T - 1 down, evenly spaced, the last ``T / steps - 1``."""
+        ratio = self.train_timesteps / steps
+        return [round(self.train_timesteps - i * ratio) - 1 for i in range(steps)]
+
+    def step(self, output: torch.Tensor, t: int, t_prev: int, x_t: torch.Tensor) -> torch.Tensor:
+        """One DDIM step (eta 0) from ``x_t`` at ``t`` to ``t_prev`` (-1: the clean sample)."""
+        batch = x_t.shape[0]
+        a_t = self._alpha_bar(torch.full((batch,), t, device=x_t.device), x_t)
+        a_prev = self._alpha_bar(torch.full((batch,), t_prev, device=x_t.device), x_t)
+        if self.prediction == "epsilon":
+            eps = output
+            x0 = (x_t - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+        else:
+            x0 = output
+            eps = (x_t - a_t.sqrt() * x0) / (1 - a_t).sqrt()
+        if self.clip is not None:
+            x0 = x0.clamp(-self.clip, self.clip)
+        return a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
+
+    def sample(self, denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], noise: torch.Tensor,
+               steps: int) -> torch.Tensor:
+        """Denoise ``noise`` [B, ...] in ``steps`` DDIM steps; ``denoise(x_t, t [B])`` is the network."""
+        x = noise
+        timesteps = self.inference_timesteps(steps)
+        for t, t_prev in zip(timesteps, timesteps[1:] + [-1]):
+            x = self.step(denoise(x, torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)), t, t_prev, x)
+        return x

@@ -1,0 +1,113 @@
+"""The server against the real ``openpi-client``: metadata, actions, seeds, timings, batching, and errors that
+stay with the client that caused them."""
+
+import threading
+import urllib.request
+
+import msgpack
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import ConnectionClosedError, InvalidStatus
+from websockets.sync.client import connect
+
+from tests.eval.conftest import SMALL, random_server, small_obs
+
+
+def test_openpi_client_gets_actions(served):
+    server, port = served
+    client = WebsocketClientPolicy("127.0.0.1", port)
+    meta = client.get_server_metadata()
+    assert meta["policy"] == "random" and meta["horizon"] == 10 and meta["observation"] == SMALL
+    first = client.infer({**small_obs(), "seed": 7})
+    assert first["actions"].shape == (10, 7) and first["actions"].dtype == np.float32
+    assert first["seed"] == 7
+    assert first["policy_timing"]["infer_ms"] > 0 and "prev_total_ms" not in first["server_timing"]
+    second = client.infer({**small_obs(), "seed": 7})
+    np.testing.assert_array_equal(first["actions"], second["actions"])
+    assert second["server_timing"]["prev_total_ms"] > 0
+    drawn = client.infer(small_obs())  # no seed: the server draws one and says which
+    replay = client.infer({**small_obs(), "seed": drawn["seed"]})
+    np.testing.assert_array_equal(drawn["actions"], replay["actions"])
+    assert not np.allclose(drawn["actions"], first["actions"])
+
+
+def test_healthz_answers_without_the_api_key():
+    with random_server(api_key="sesame") as (_, port):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            assert r.status == 200 and r.read() == b"OK\n"
+
+
+def _concurrent(port: int, n: int) -> list[np.ndarray]:
+    clients = [WebsocketClientPolicy("127.0.0.1", port) for _ in range(n)]
+    barrier, out = threading.Barrier(n), [None] * n
+
+    def ask(i):
+        barrier.wait()
+        out[i] = clients[i].infer({**small_obs(i), "seed": 1000 + i})["actions"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_concurrent_clients_are_batched_with_the_unbatched_actions():
+    with random_server(batch_window_ms=50, policy={"delay_ms": 20}) as (server, port):
+        batched = _concurrent(port, 16)
+        passes = server.stats.forward_passes
+    with random_server(batch_window_ms=0) as (alone, port):
+        unbatched = _concurrent(port, 16)
+        assert max(alone.stats.batch_sizes) == 1
+    assert server.stats.requests == 16 and passes < 16, server.stats.batch_sizes
+    for a, b in zip(batched, unbatched):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def _refused(port: int, payload, **connect_kwargs) -> str:
+    """Send one frame the way a broken client would; return what the server answered."""
+    with connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None, proxy=None, **connect_kwargs) as ws:
+        ws.recv()  # metadata
+        ws.send(payload)
+        try:
+            reply = ws.recv(timeout=10)
+        except ConnectionClosedError as e:
+            return f"closed {e.rcvd.code}: {e.rcvd.reason}"
+        assert isinstance(reply, str)
+        with pytest.raises(ConnectionClosedError) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1011
+        return reply
+
+
+def test_bad_requests_get_errors_while_others_are_served():
+    with random_server(max_message_bytes=64 << 10, api_key="sesame") as (server, port):
+        good = WebsocketClientPolicy("127.0.0.1", port, api_key="sesame")
+        expected = good.infer({**small_obs(), "seed": 1})["actions"]
+        auth = {"additional_headers": {"Authorization": "Api-Key sesame"}}
+        bad_image = {**small_obs(), "observation/image": np.zeros((16, 16, 3), np.uint8)}
+        cases = {
+            "not a msgpack message": b"\xc1\x00\x00",
+            "observation keys do not match": msgpack_numpy.packb({"observation/img": np.zeros(3)}),
+            "expected shape [32, 32, 3]": msgpack_numpy.packb(bad_image),
+            "refused dtype": msgpack.packb({"observation/image": {b"__ndarray__": True, b"data": b"\0" * 8,
+                                                                  b"dtype": "|O", b"shape": [1]}}),
+            "'seed': expected an integer": msgpack_numpy.packb({**small_obs(), "seed": -1}),
+            "got a text frame": "hello",
+            "closed 1009": b"\0" * (128 << 10),
+        }
+        for match, payload in cases.items():
+            assert match in _refused(port, payload, **auth)
+            np.testing.assert_array_equal(good.infer({**small_obs(), "seed": 1})["actions"], expected)
+        with pytest.raises(InvalidStatus, match="401"):
+            WebsocketClientPolicy("127.0.0.1", port)
+        with pytest.raises(InvalidStatus, match="401"):
+            WebsocketClientPolicy("127.0.0.1", port, api_key="wrong")
+        np.testing.assert_array_equal(good.infer({**small_obs(), "seed": 1})["actions"], expected)
+        with pytest.raises(RuntimeError, match="Error in inference server"):  # openpi-client's own error path
+            good.infer({"wrong": np.zeros(2)})
+        # every bad frame but the oversize one (refused unread by the websocket layer), and the last request
+        assert server.stats.errors == len(cases)

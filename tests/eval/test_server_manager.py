@@ -1,0 +1,45 @@
+"""``ServerManager`` runs the real ``longboat serve`` command, restarts it when killed, and the client carries on."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from longboat.eval.client import PolicyClient
+from longboat.eval.server_manager import ServerManager, ServerStartError
+from tests.eval.conftest import small_obs
+
+SPEC = '{"observation": {"observation/image": [32, 32, 3], "observation/state": [8]}}'
+
+
+@pytest.mark.slow
+def test_manager_restarts_a_killed_server_and_the_client_carries_on(tmp_path):
+    log = tmp_path / "serve.log"
+    with ServerManager(["--random-policy", SPEC], log, check_every_s=0.2) as manager:
+        client = PolicyClient(port=manager.port, connect_timeout_s=120)
+        before = client.infer(small_obs(), seed=5)
+        first = manager.pid
+        os.kill(first, signal.SIGKILL)
+        after = client.infer(small_obs(), seed=5)  # waits through the restart
+        assert manager.restarts == 1 and manager.pid != first
+        np.testing.assert_array_equal(before["actions"], after["actions"])
+        assert client.reconnects == 1
+        pid = manager.pid
+    with pytest.raises(ProcessLookupError):  # stopped: SIGTERM to its process group
+        os.kill(pid, 0)
+    assert "serving on ws://127.0.0.1" in log.read_text()
+    assert log.read_text().count("[manager]") == 2
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
+    log = tmp_path / "serve.log"
+    manager = ServerManager(["/nonexistent/export"], log)
+    start = time.monotonic()
+    with pytest.raises(ServerStartError, match="exited with status 2"):
+        manager.start()
+    assert time.monotonic() - start < 60
+    assert "no such export" in log.read_text() or "not a policy export" in log.read_text()
+    manager.stop()
