@@ -158,6 +158,7 @@ def test_backbone_config_tokenizer_and_weights_come_from_the_hf_dir(hf_backbone)
               if k not in ("backbone", "tokenizer")}
     vla_cfg = validate(FlowVLAConfig, fields)
     assert vla_cfg.backbone == cfg and vla_cfg.tokenizer == str(hf_dir) and vla_cfg.n_layers == 2
+    assert validate(FlowVLAConfig, {**fields, "image_features": {}}).tokenizer == str(hf_dir)  # a prompt-only VLA
     m = build_model("flow_vla", vla_cfg.model_dump())  # a saved config holds the backbone: no directory read
     state = get_model("flow_vla").initial_weights.read(vla_cfg)
     assert set(state) <= set(m.state_dict()) and not any(k.startswith("backbone.layers.2.") for k in state)
