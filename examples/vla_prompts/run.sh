@@ -10,6 +10,7 @@ cd "$(dirname "$0")/../.."
 [ -f data/metaworld4/meta/info.json ] || longboat data record --env metaworld:push-v3 --env metaworld:drawer-open-v3 \
     --env metaworld:pick-place-v3 --env metaworld:button-press-v3 --episodes 25 --size 32 \
     --output data/metaworld4
-longboat train examples/vla_prompts/train.yaml "data.cameras=[]" "$@"
-python examples/vla_prompts/measure.py runs/vla_prompts data/metaworld4 \
+RUN=${RUN:-runs/vla_prompts}
+longboat train examples/vla_prompts/train.yaml "data.cameras=[]" "run_dir=$RUN" "$@"
+python examples/vla_prompts/measure.py "$RUN" data/metaworld4 \
     --episodes 20 21 22 23 24 45 46 47 48 49 70 71 72 73 74 95 96 97 98 99
