@@ -20,7 +20,7 @@ from pathlib import Path
 
 from longboat.data.robot.record import make_env, record
 
-ENVS = ("metaworld:reach-v3", "metaworld:pick-place-v3", "fetch:push", "fetch:pick_and_place")
+ENVS = ("metaworld:reach-v3", "metaworld:pick-place-v3", "fetch:push", "fetch:pick_and_place", "pusht:push_t")
 
 
 def render_fps(name: str, size: int, fast: bool, frames: int = 40) -> float:

@@ -19,7 +19,7 @@ def test_openpi_client_gets_actions(served):
     server, port = served
     client = WebsocketClientPolicy("127.0.0.1", port)
     meta = client.get_server_metadata()
-    assert meta["policy"] == "random" and meta["horizon"] == 10 and meta["observation"] == SMALL
+    assert meta["policy"] == "random" and meta["horizon"] == 10 and meta["observation_shapes"] == SMALL
     first = client.infer({**small_obs(), "seed": 7})
     assert first["actions"].shape == (10, 7) and first["actions"].dtype == np.float32
     assert first["seed"] == 7
@@ -56,7 +56,7 @@ def _concurrent(port: int, n: int) -> list[np.ndarray]:
 
 
 def test_concurrent_clients_are_batched_with_the_unbatched_actions():
-    with random_server(batch_window_ms=50, policy={"delay_ms": 20}) as (server, port):
+    with random_server(batch_window_ms=250, policy={"delay_ms": 20}) as (server, port):
         batched = _concurrent(port, 16)
         passes = server.stats.forward_passes
     with random_server(batch_window_ms=0) as (alone, port):

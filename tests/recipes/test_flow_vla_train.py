@@ -1,23 +1,31 @@
 """The tiny flow VLA trained end to end by ``longboat train`` (task: policy), its backbone starting from (and, frozen,
-keeping) a Hugging Face checkpoint's weights and its prompts from the dataset's task strings."""
+keeping) a Hugging Face checkpoint's weights and its prompts from the dataset's task strings; then served to
+openpi-client with prompts and seeds, and measured by the prompt experiment's script."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from safetensors.torch import load_file
 
+from longboat.data.robot import RobotDataset
+from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
 from longboat.models import get_model
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.hf import save_hf_model
+from longboat.recipes.policy_bundle import open_policy
+from longboat.recipes.serve import open_served_policy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import TASKS, write_policy_dataset
 
 pytestmark = pytest.mark.slow
+CAMERA = "observation.images.top"
 
 
 def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
@@ -44,6 +52,22 @@ def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
     torch.testing.assert_close(weights["backbone.tok_embeddings.weight"], hf["model.embed_tokens.weight"],
                                rtol=0, atol=0)
     assert (export / "tokenizer.json").is_file()
+    # Served to openpi-client: the request's seed is the noise key, its prompt reaches the backbone.
+    frames = RobotDataset(dataset, {CAMERA: [0.0], "observation.state": [0.0]}, episodes=[0])
+    item = frames[7]
+    bundle = open_policy(run_dir)
+    wire = {"observation.images.top": (item[CAMERA][0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy(),
+            "observation.state": item["observation.state"][0].numpy()}
+    with serving_in_thread(PolicyServer(open_served_policy(run_dir), ServerConfig(port=0))) as port:
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        replies = {(prompt, seed): client.infer({**wire, "prompt": prompt, "seed": seed})["actions"]
+                   for prompt in ("reach the target", "push the block") for seed in (5, 6)}
+    for (prompt, seed), actions in replies.items():
+        expected = bundle.act({CAMERA: item[CAMERA][None], "observation.state": item["observation.state"][None],
+                               "task": [prompt]}, noise_key=torch.tensor([seed]))
+        np.testing.assert_allclose(actions, expected[0].numpy(), atol=1e-5, rtol=0)
+    assert not np.array_equal(replies["push the block", 5], replies["push the block", 6])
+    assert not np.array_equal(replies["reach the target", 5], replies["push the block", 5])
     # The prompt experiment's measurement runs on the export (here on two episodes, one of each task).
     table = subprocess.run([sys.executable, "examples/vla_prompts/measure.py", str(run_dir), str(dataset),
                             "--episodes", "0", "1", "--every", "5"], check=True, capture_output=True, text=True).stdout

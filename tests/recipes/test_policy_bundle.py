@@ -1,15 +1,19 @@
 """The tiny MLP policy trained end to end by ``longboat train`` (task: policy) on a tiny dataset with a camera, then
-served back by ``open_policy`` from its export and from its checkpoint: the same actions, in robot units, as the
-model and the dataset's own pipeline give in process."""
+served back by ``open_policy`` from its export and from its checkpoint, and by the policy server to openpi-client:
+the same actions, in robot units, as the model and the dataset's own pipeline give in process."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from longboat.checkpoint.dcp import CheckpointManager, load_model_weights
+from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
 from longboat.recipes.config import load_run_dir_config
-from longboat.recipes.policy_bundle import open_policy
+from longboat.recipes.policy_bundle import ObservationError, open_policy
+from longboat.recipes.serve import open_served_policy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import ACTION, FPS, TASKS, write_policy_dataset
@@ -69,8 +73,27 @@ def test_export_and_checkpoint_serve_the_in_process_actions(trained):
     assert served.spec["fps"] == FPS and served.spec["tasks"] == list(TASKS)
     wire = {"top": obs[CAMERA], "joints": obs["observation.state"], "task": obs["task"], "extra": 1}
     torch.testing.assert_close(served.act(served.from_wire(wire)), expected)
+    with pytest.raises(ObservationError, match=r"the observation lacks \['joints'\]"):
+        served.from_wire({"top": obs[CAMERA]})
+    with pytest.raises(ObservationError, match=r"the observation lacks \['observation.state'\]"):
+        served.act({CAMERA: obs[CAMERA]})
     from_checkpoint = open_policy(CheckpointManager(run_dir / "checkpoints").latest())
     torch.testing.assert_close(from_checkpoint.act(obs), expected)
     # The export's actions are the dataset's: near the recorded ones where the policy fits well.
     recorded = torch.stack([raw_observations(dataset, [r])["observation.state"][0, 0, :ACTION] for r in (1, 8)])
     assert (expected[:2, 0] - recorded).abs().max() < 0.3
+
+
+def test_longboat_serve_gives_openpi_client_the_bundle_actions(trained):
+    """The trained export behind the real server, queried by the real openpi-client with uint8 images."""
+    dataset, run_dir = trained
+    obs = raw_observations(dataset, [0, 7, 19])
+    expected = open_policy(run_dir).act(obs)
+    with serving_in_thread(PolicyServer(open_served_policy(run_dir), ServerConfig(port=0))) as port:
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        assert client.get_server_metadata()["observation_keys"] == ["top", "joints"]
+        for i in range(3):
+            image = (obs[CAMERA][i, 0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+            reply = client.infer({"top": image, "joints": obs["observation.state"][i, 0].numpy(),
+                                  "prompt": obs["task"][i]})
+            np.testing.assert_allclose(reply["actions"], expected[i].numpy(), atol=1e-5, rtol=0)

@@ -83,6 +83,24 @@ def test_samples_hold_windows_keys_and_keyed_draws(dataset, tmp_path):
     assert torch.equal(data.valid[(0, 5)][CAMERA], data.valid[(0, 9)][CAMERA])
 
 
+def test_epoch_runs_keep_neighbouring_frames_together_and_read_them_in_order(dataset, tmp_path):
+    from longboat.data.loader import EpochBatchSampler, EpochOrder, ResumableLoader
+
+    _, _, data = built(dataset, tmp_path, model={"horizon": 5}, epoch_run=4)
+    assert data.train.epoch_run == 4
+    loader = ResumableLoader(data.train, 4, epochs=EpochOrder(global_batch=4, seed=0))
+    batch = next(loader)
+    keys = [int(k) for k in batch["noise_key"]]
+    assert keys == [noise_key(3, p) for p in range(4)]  # positions still number the sample stream
+    # The batch's items equal the ones read one at a time, whatever order __getitems__ read them in.
+    first = next(iter(EpochBatchSampler(len(data.train), 4, 0, 1, 4, 0, positioned=True, run=4)))
+    rows = sorted(row for row, _ in first)
+    assert rows == list(range(rows[0], rows[0] + 4))  # one run of four neighbouring frames
+    alone = [data.train[key] for key in first]
+    assert all(torch.equal(a["action"], b) and torch.equal(a["observation.state"], c)
+               for a, b, c in zip(alone, batch["action"], batch["observation.state"]))
+
+
 class PromptedConfig(MLPPolicyConfig):
     tokenizer: str | None = None
     max_prompt_len: int = 6

@@ -81,3 +81,58 @@ def test_positions_number_the_sample_stream_whatever_the_layout(epochs):
     assert [p for _, p in one] == list(range(16))  # the position is the sample's place in the job's stream
     assert stream(2) == one  # the same rows at the same positions on two ranks
     assert stream(1, consumed=8, steps=2) == one[8:]  # and after a resume
+
+
+class _Runs(torch.utils.data.Dataset):
+    """Rows whose epochs keep runs of neighbours together (a robot video dataset's ``epoch_run``)."""
+
+    positioned = True
+    epoch_run = 4
+
+    def __len__(self):
+        return 42
+
+    def __getitem__(self, key):
+        row, position = key
+        return {"row": torch.tensor(row), "position": torch.tensor(position)}
+
+
+def test_epoch_runs_are_shuffled_permutations_of_aligned_neighbour_runs():
+    from longboat.data.loader import EpochBatchSampler
+
+    sampler = EpochBatchSampler(42, 4, 0, 1, global_batch=8, seed=5, run=4)
+    starts = set()
+    for epoch in range(8):
+        order = sampler.permutation(epoch).tolist()
+        assert sorted(order) == list(range(42))  # a permutation of the rows
+        assert order == sampler.permutation(epoch).tolist()  # drawn from (seed, epoch) only
+        runs = [order[i : i + 4] for i in range(0, 42, 4)]  # 10 whole runs, then the partial run of 2
+        assert all(r == [(r[0] + j) % 42 for j in range(len(r))] for r in runs)  # neighbours, in order
+        start = (runs[-1][0] - 40) % 42  # the partial run holds the last 2 rows from the epoch's start
+        assert {r[0] for r in runs[:10]} == {(start + 4 * k) % 42 for k in range(10)}  # the runs tile the rows
+        assert [r[0] for r in runs[:10]] != sorted(r[0] for r in runs[:10])  # the runs are shuffled
+        starts.add(start)
+    assert len(starts) > 4  # where runs begin, and so which rows end the epoch, moves
+    plain = EpochBatchSampler(42, 4, 0, 1, global_batch=8, seed=5)
+    assert plain.permutation(0).tolist() == torch.randperm(42, generator=torch.Generator().manual_seed(5 * 1_000_003)).tolist()
+
+
+def test_epoch_runs_resume_exactly_with_workers_and_ranks():
+    from longboat.data.loader import EpochOrder
+
+    def stream(dp_size, consumed=0, steps=8, workers=0):
+        loaders = [ResumableLoader(_Runs(), 8 // dp_size, rank, dp_size, num_workers=workers, consumed=consumed,
+                                   epochs=EpochOrder(global_batch=8, seed=1)) for rank in range(dp_size)]
+        out = []
+        for _ in range(steps):
+            batches = [next(loader) for loader in loaders]
+            out += [(int(r), int(p)) for b in batches for r, p in zip(b["row"], b["position"])]
+        return out
+
+    one = stream(1)
+    rows = [r for r, _ in one]
+    assert [p for _, p in one] == list(range(64))
+    assert len(set(rows[:40])) == 40  # an epoch (5 global batches of 8) repeats no row
+    assert all(rows[i : i + 4] == list(range(rows[i], rows[i] + 4)) for i in range(0, 32, 4))  # runs of neighbours
+    assert stream(2) == one and stream(1, workers=2) == one
+    assert stream(1, consumed=24, steps=5, workers=2) == one[24:]  # resumed mid-epoch and across its end

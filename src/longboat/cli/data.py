@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "more environments into one LeRobot v3.0 dataset.",
     )
     rec.add_argument("--env", action="append", required=True, metavar="SIM:TASK",
-                     help="metaworld:<task>-v3 (e.g. metaworld:reach-v3) or fetch:reach|push|pick_and_place; "
-                          "repeat for more")
+                     help="metaworld:<task>-v3 (e.g. metaworld:reach-v3), fetch:reach|push|pick_and_place or "
+                          "pusht:push_t; repeat for more")
     rec.add_argument("--episodes", type=int, default=10, help="episodes per environment (default 10)")
     rec.add_argument("--output", required=True, metavar="DIR", help="the dataset directory to create")
     rec.add_argument("--size", type=int, default=128, help="camera image height and width (default 128)")

@@ -5,7 +5,9 @@ number of workers and ranks. Each global micro-batch of ``micro_batch_size * dp_
 data-parallel ranks, as Megatron's pretraining sampler does. The samples come either in the dataset's own order
 (pretraining: the GPT dataset already shuffled them, Megatron's way) or, for finite datasets, in epochs: each
 epoch is a permutation drawn from (seed, epoch), of which whole global batches are used; the remainder of an
-epoch that does not fill a global batch is dropped.
+epoch that does not fill a global batch is dropped. A dataset whose ``epoch_run`` is above 1 (robot video: samples
+of neighbouring rows share frames to decode) gets permutations that keep runs of that many neighbouring rows
+together, in order: the runs are shuffled, and where they begin moves from epoch to epoch.
 """
 
 from __future__ import annotations
@@ -58,19 +60,21 @@ class EpochBatchSampler(Sampler[list[int]]):
     """Endless epochs of a finite dataset: this rank's slice of each global micro-batch of a permutation.
 
     ``global_batch`` (micro-batch × accumulation × data-parallel size) fixes the samples used per epoch: the
-    largest multiple of it that fits the dataset. The permutation of epoch ``e`` depends on (seed, e) only.
+    largest multiple of it that fits the dataset. The permutation of epoch ``e`` depends on (seed, e, run) only.
     """
 
     def __init__(self, dataset_len: int, micro_batch_size: int, dp_rank: int, dp_size: int, global_batch: int,
-                 seed: int, consumed: int = 0, positioned: bool = False):
+                 seed: int, consumed: int = 0, positioned: bool = False, run: int = 1):
         self.mbs, self.rank, self.world, self.seed, self.consumed = micro_batch_size, dp_rank, dp_size, seed, consumed
-        self.positioned = positioned
+        self.positioned, self.run = positioned, run
         self.n = dataset_len
         self.per_epoch = samples_per_epoch(dataset_len, global_batch)
 
     def permutation(self, epoch: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.n, generator=g)
+        if self.run == 1 or self.n <= self.run:
+            return torch.randperm(self.n, generator=g)
+        return run_permutation(self.n, self.run, g)
 
     def __iter__(self) -> Iterator[list]:
         step = self.mbs * self.world
@@ -85,6 +89,17 @@ class EpochBatchSampler(Sampler[list[int]]):
                     rows = [(r, base + j) for j, r in enumerate(rows)]
                 yield rows
             epoch, offset = epoch + 1, 0
+
+
+def run_permutation(n: int, run: int, g: torch.Generator) -> torch.Tensor:
+    """The rows from a random start, wrapping around, cut into runs of ``run`` neighbours; the whole runs shuffled,
+    each in order, then the partial run. Runs stay aligned to multiples of ``run`` in the epoch, so a micro-batch of
+    ``run`` rows (or a divisor or multiple of it) holds whole runs; the random start moves the runs' boundaries and
+    the partial run (the rows most often left out of an epoch's whole global batches) from epoch to epoch."""
+    rows = (torch.arange(n) + int(torch.randint(n, (1,), generator=g))) % n
+    full = n // run
+    runs = rows[: full * run].view(full, run)[torch.randperm(full, generator=g)].flatten()
+    return torch.cat([runs, rows[full * run :]])
 
 
 def samples_per_epoch(dataset_len: int, global_batch: int) -> int:
@@ -125,7 +140,8 @@ class ResumableLoader:
         positioned = bool(getattr(self.dataset, "positioned", False))
         if self.epochs is not None:
             sampler = EpochBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size,
-                                        self.epochs.global_batch, self.epochs.seed, self.consumed, positioned)
+                                        self.epochs.global_batch, self.epochs.seed, self.consumed, positioned,
+                                        run=int(getattr(self.dataset, "epoch_run", 1)))
         else:
             sampler = ConsecutiveBatchSampler(len(self.dataset), self.mbs, self.dp_rank, self.dp_size, self.consumed,
                                               positioned)

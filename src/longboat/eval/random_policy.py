@@ -1,7 +1,8 @@
 """A stand-in policy for testing clients and measuring the server: an untrained MLP with fixed-seed weights.
 
 Its actions mean nothing; they are a deterministic function of the observation and the request's seed (the MLP
-over per-channel image means and the state, plus noise drawn from the seed), so batched and unbatched answers can be compared.
+over per-channel image means and the state, plus noise drawn from the seed), so batched and unbatched answers can
+be compared.
 ``delay_ms`` adds a fixed time per forward pass, standing in for a heavier model.
 """
 
@@ -68,12 +69,14 @@ class RandomPolicy:
         self.images = {k: s for k, s in cfg.observation.items() if len(s) == 3}
         self.vectors = {k: s for k, s in cfg.observation.items() if len(s) == 1}
         width = sum(s[-1] for s in self.images.values()) + sum(s[0] for s in self.vectors.values())
-        torch.manual_seed(cfg.seed)
-        self.net = nn.Sequential(nn.Linear(width, cfg.hidden), nn.GELU(), nn.Linear(cfg.hidden, cfg.hidden),
-                                 nn.GELU(), nn.Linear(cfg.hidden, cfg.horizon * cfg.action_dim)).to(self.device).eval()
-        self.forward_passes = 0
+        with torch.random.fork_rng(devices=[]):  # seeded weights, leaving the caller's generator alone
+            torch.manual_seed(cfg.seed)
+            self.net = nn.Sequential(nn.Linear(width, cfg.hidden), nn.GELU(), nn.Linear(cfg.hidden, cfg.hidden),
+                                     nn.GELU(), nn.Linear(cfg.hidden, cfg.horizon * cfg.action_dim))
+        self.net.to(self.device).eval()
         self.metadata = {"policy": "random", "horizon": cfg.horizon, "action_dim": cfg.action_dim,
-                         "observation": {k: list(v) for k, v in cfg.observation.items()},
+                         "observation_keys": list(cfg.observation),
+                         "observation_shapes": {k: list(v) for k, v in cfg.observation.items()},
                          "note": "an untrained MLP with fixed-seed weights: its actions mean nothing"}
 
     def check(self, obs: dict) -> None:
@@ -99,6 +102,4 @@ class RandomPolicy:
         actions = self.net(x).reshape(len(observations), *shape) + self.cfg.noise * noise.to(self.device)
         if self.cfg.delay_ms:
             time.sleep(self.cfg.delay_ms / 1000)
-        self.forward_passes += 1
-        out = actions.cpu().numpy()
-        return [{"actions": a} for a in out]
+        return [{"actions": a} for a in actions.cpu().numpy()]

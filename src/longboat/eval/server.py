@@ -53,7 +53,6 @@ class _Pending:
     obs: dict
     seed: int
     future: asyncio.Future
-    received: float = field(default_factory=time.monotonic)
 
 
 @dataclass

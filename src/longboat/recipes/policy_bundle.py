@@ -19,10 +19,15 @@ from longboat.checkpoint.export import ExportError
 from longboat.data.robot.transforms import Pipeline, pipeline_from_assets
 from longboat.data.robot.transforms.export import TRANSFORMS_CONFIG, TRANSFORMS_STATS
 from longboat.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
+from longboat.errors import LongboatError
 from longboat.models.policy.base import Policy, PolicyConfig
 from longboat.recipes.artifact import Artifact, open_artifact
 from longboat.tasks.policy import POLICY_SPEC
 from longboat.tasks.policy_data import PromptTokens, observation_keys
+
+
+class ObservationError(LongboatError, ValueError):
+    """An observation lacks a key the policy reads; the message names it and the keys that came."""
 
 
 @dataclass
@@ -43,7 +48,8 @@ class PolicyBundle:
         out = {feature: observation[wire] for wire, feature in self.wire_keys.items() if wire in observation}
         missing = sorted(wire for wire in self.wire_keys if wire not in observation)
         if missing:
-            raise ExportError(f"{self.source}: the observation lacks {missing} (it has: {', '.join(sorted(observation))})")
+            raise ObservationError(f"the observation lacks {missing}, which {self.source} reads (it has: "
+                                   f"{', '.join(sorted(observation))})")
         if "task" in observation:
             out["task"] = observation["task"]
         return out
@@ -53,10 +59,16 @@ class PolicyBundle:
         """Action chunks [B, horizon, A] in robot units for raw observations: cameras float [B, T, C, H, W] in
         [0, 1], state [B, T, S] (T = n_obs_steps), and ``task`` (B prompts) when the policy reads prompts."""
         cfg = self.config
+        missing = [key for key in observation_keys(cfg) if key not in observation]
+        if missing:
+            raise ObservationError(f"the observation lacks {missing}, which {self.source} reads (it has: "
+                                   f"{', '.join(sorted(observation))})")
         raw = {key: observation[key] for key in observation_keys(cfg)}
         obs = self.pipeline.apply(raw)
         if self.prompts is not None:
-            obs["prompt_tokens"], obs["prompt_mask"] = self.prompts.batch(list(observation["task"]))
+            tokens, mask = self.prompts.batch(list(observation["task"]))
+            device = next(self.policy.parameters()).device  # the tokenizer's ids are made on the CPU
+            obs["prompt_tokens"], obs["prompt_mask"] = tokens.to(device), mask.to(device)
         if "task" in observation:
             obs["task"] = list(observation["task"])
         chunk = self.policy.predict(obs, noise_key=noise_key).float()

@@ -2,23 +2,31 @@
 
 What is served is always an export (safetensors, JSON, the transform pipeline's files): a checkpoint must be
 exported first, so the server never reads a pickle.
+
+``ServedExport`` adapts a ``PolicyBundle`` to the server. Per batch: each request's wire keys become dataset
+features (``policy.json``'s ``wire_keys``), images become float [C, H, W] in [0, 1] as the dataset hands them to
+the transforms, every feature gets its time axis, the requests are stacked, and ``PolicyBundle.act`` applies the
+transforms, predicts with each request's seed as its noise key, and maps the chunk back to robot units.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from longboat.checkpoint.export import EXPORT_CONFIG
 from longboat.config.base import ConfigError
 from longboat.eval.random_policy import RandomPolicy, load_random_policy_config
-from longboat.eval.served import ServedPolicy
+from longboat.eval.served import (
+    RequestError, ServedPolicy, array_of, check_keys, image_tensor, prompt_of, vector_tensor,
+)
 from longboat.eval.server import PolicyServer, ServerConfig
 
-POLICY_MANIFEST = "policy.json"
+if TYPE_CHECKING:
+    from longboat.recipes.policy_bundle import PolicyBundle
 
 
 def export_dir(path: str | Path) -> Path:
@@ -31,46 +39,68 @@ def export_dir(path: str | Path) -> Path:
                       f"`longboat export RUN_DIR --output DIR`")
 
 
-def read_manifest(directory: Path) -> tuple[dict[str, str], dict[str, list[int]]]:
-    """(wire key -> dataset feature, dataset feature -> shape) from the export's ``policy.json``."""
-    path = directory / POLICY_MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{directory}: no {POLICY_MANIFEST}; is this the export of a policy?") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    wire_keys = manifest.get("wire_keys") if isinstance(manifest, dict) else None
-    if not isinstance(wire_keys, dict) or not wire_keys or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in wire_keys.items()):
-        raise ConfigError(f"{path}: 'wire_keys' must map wire observation keys to dataset features")
-    shapes = {}
-    for feature, info in (manifest.get("features") or {}).items():
-        if isinstance(info, dict) and isinstance(info.get("shape"), list):
-            shapes[feature] = [int(s) for s in info["shape"]]
-    return wire_keys, shapes
+class ServedExport:
+    def __init__(self, bundle: PolicyBundle, device: str | torch.device = "cpu"):
+        self.bundle, self.cfg, self.device = bundle, bundle.config, torch.device(device)
+        bundle.policy.to(self.device)
+        self.wire_keys = bundle.wire_keys
+        inputs = bundle.spec.get("input_features") or {}
+        self.shapes = {f: list(inputs[f]["shape"]) for f in self.wire_keys.values() if "shape" in inputs.get(f, {})}
+        self.images = {w for w, f in self.wire_keys.items() if f in self.cfg.image_features}
+        spec = bundle.spec
+        shapes = {w: self.shapes[f] for w, f in self.wire_keys.items() if f in self.shapes}
+        self.metadata = {"policy": type(bundle.policy).__name__, "horizon": self.cfg.horizon,
+                         "action_dim": self.cfg.action_dim, "n_obs_steps": self.cfg.n_obs_steps,
+                         "observation_keys": list(self.wire_keys), "observation_shapes": shapes, "fps": spec.get("fps"),
+                         "robot_type": spec.get("robot_type"), "tasks": spec.get("tasks", [])}
+
+    def _time_axis(self, key: str, base: int, shape: list[int]) -> None:
+        n = self.cfg.n_obs_steps
+        if len(shape) != base + (n > 1) or (n > 1 and shape[0] != n):
+            want = "[" + (f"{n}, " if n > 1 else "") + ("H, W, C" if base == 3 else "D") + "]"
+            raise RequestError(f"'{key}': expected {want}" + (f" (the last {n} frames, oldest first)" if n > 1 else "")
+                               + f", got shape {shape}")
+
+    def check(self, obs: dict) -> None:
+        check_keys(obs, self.wire_keys)
+        for key, feature in self.wire_keys.items():
+            base = 3 if key in self.images else 1
+            x = array_of(obs, key, "uf" if base == 3 else "buif")
+            self._time_axis(key, base, list(x.shape))
+            frame, want = list(x.shape[-base:]), self.shapes.get(feature)
+            if want is not None and frame != want and not (base == 3 and frame == [want[2], *want[:2]]):
+                raise RequestError(f"'{key}': expected frames of shape {want}, got {frame}")
+        prompt_of(obs)
+
+    def _features(self, obs: dict) -> dict[str, torch.Tensor]:
+        out = {}
+        for key, feature in self.wire_keys.items():
+            x = image_tensor(obs, key) if key in self.images else vector_tensor(obs, key)
+            out[feature] = x if self.cfg.n_obs_steps > 1 else x.unsqueeze(0)
+        return out
+
+    def infer(self, observations: list[dict], seeds: list[int]) -> list[dict]:
+        items = [self._features(o) for o in observations]
+        batch = {f: torch.stack([item[f] for item in items]).to(self.device) for f in items[0]}
+        batch["task"] = [prompt_of(o) for o in observations]
+        keys = torch.tensor(seeds, dtype=torch.int64, device=self.device)
+        actions = self.bundle.act(batch, noise_key=keys)
+        return [{"actions": a} for a in actions.float().cpu().numpy()]
 
 
-def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> ServedPolicy:
+def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> ServedExport:
     # Imported here: the model registry takes seconds to import, which a --random-policy server does without.
-    from longboat.data.robot.transforms import load_pipeline
-    from longboat.eval.exported import ExportedPolicy
-    from longboat.models.policy.base import Policy
-    from longboat.recipes.artifact import open_artifact
+    from longboat.recipes.policy_bundle import open_policy
 
     directory = export_dir(path)
-    artifact = open_artifact(directory)
-    if not isinstance(artifact.model, Policy):
-        raise ConfigError(f"{directory}: '{artifact.arch}' is not a policy; `longboat serve` serves robot policies")
-    wire_keys, shapes = read_manifest(directory)
-    observed = {*artifact.config.image_features, artifact.config.state_feature} - {None}
-    unknown, unmapped = [f for f in wire_keys.values() if f not in observed], observed - {*wire_keys.values()}
+    bundle = open_policy(directory)
+    observed = {*bundle.config.image_features, bundle.config.state_feature} - {None}
+    unknown = [f for f in bundle.wire_keys.values() if f not in observed]
+    unmapped = observed - {*bundle.wire_keys.values()}
     if unknown or unmapped:
-        raise ConfigError(f"{directory / POLICY_MANIFEST}: 'wire_keys' must map one wire key to each feature the "
-                          f"policy reads ({sorted(observed)}); unknown: {unknown}, unmapped: {sorted(unmapped)}")
-    pipeline = load_pipeline(directory)
-    return ExportedPolicy(artifact.model, pipeline, wire_keys, shapes, device,
-                          metadata={"policy": artifact.arch, "export": str(directory)})
+        raise ConfigError(f"{directory}/policy.json: 'wire_keys' must map one wire key to each feature the policy "
+                          f"reads ({sorted(observed)}); unknown: {unknown}, unmapped: {sorted(unmapped)}")
+    return ServedExport(bundle, device)
 
 
 def random_policy(spec: str, device: str | torch.device = "cpu") -> RandomPolicy:

@@ -45,6 +45,9 @@ class PolicyDataConfig(StrictModel):
     cameras: list[str] | None = Field(default=None, description="camera features the policy sees; null: all")
     wire_keys: dict[str, str] | None = Field(
         default=None, description="observation key on the wire -> dataset feature; null: each feature's own name")
+    epoch_run: int = Field(default=1, ge=1, description=(
+        "neighbouring frames the shuffled epochs keep together: >1 decodes the video frames their windows share "
+        "once, at the cost of batches drawn from fewer episodes"))
     max_prompt_len: int | None = Field(default=None, gt=0,
                                        description="prompt tokens per sample; null: the model's max_prompt_len")
 
@@ -114,7 +117,7 @@ class PolicyTask(Task):
     def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:
         try:
             return RobotDataset(self.data.path, delta_timestamps(cfg, self.meta.fps), episodes,
-                                cameras=list(cfg.image_features))
+                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run)
         except RobotDataError as e:
             raise ConfigError(f"data.path: {e}") from None
 
@@ -212,7 +215,8 @@ class PolicyTask(Task):
         pipeline = self.pipeline(train=False)
         self._assets = {**pipeline_assets(pipeline), POLICY_SPEC: self._policy_spec(model_cfg)}
         if prompts is not None:  # a served policy tokenizes its prompts as training did
-            self._assets.update({name: path.read_bytes() for name, path in tokenizer_assets(model_cfg.tokenizer).items()})
+            files = tokenizer_assets(model_cfg.tokenizer)
+            self._assets.update({name: path.read_bytes() for name, path in files.items()})
         summary = {"train_episodes": len(train_eps), "train_frames": len(train), "valid_episodes": len(valid_eps),
                    "valid_frames": len(valid) if valid is not None else 0}
         return TaskData(train, valid, make_policy_loss(pipeline, model_cfg, self._action_names(model_cfg)), summary)
@@ -230,13 +234,16 @@ class PolicyTask(Task):
 
     def _policy_spec(self, cfg: PolicyConfig) -> bytes:
         meta = self.meta
-        inputs = {key: {"shape": list(meta.features[key].shape),
-                        "dtype": meta.features[key].dtype, "model_shape": cfg.image_features[key]}
-                  for key in cfg.image_features}
+
+        def feature(key: str, model_shape: list[int]) -> dict:
+            """As stored (shape, dtype) and as the model sees it after the transforms."""
+            return {"shape": list(meta.features[key].shape), "dtype": meta.features[key].dtype,
+                    "model_shape": model_shape}
+
+        inputs = {key: feature(key, shape) for key, shape in cfg.image_features.items()}
         if cfg.state_feature is not None:
-            inputs[cfg.state_feature] = {"shape": list(meta.features[cfg.state_feature].shape),
-                                         "dtype": meta.features[cfg.state_feature].dtype, "model_shape": [cfg.state_dim]}
-        action = meta.features[cfg.action_feature]
+            inputs[cfg.state_feature] = feature(cfg.state_feature, [cfg.state_dim])
+        action = {**feature(cfg.action_feature, [cfg.action_dim]), "names": self._action_names(cfg)}
         spec = {
             "format_version": POLICY_SPEC_VERSION,
             "fps": meta.fps,
@@ -244,8 +251,7 @@ class PolicyTask(Task):
             "horizon": cfg.horizon,
             "n_obs_steps": cfg.n_obs_steps,
             "input_features": inputs,
-            "output_features": {cfg.action_feature: {"shape": list(action.shape), "dtype": action.dtype,
-                                                     "names": self._action_names(cfg), "model_shape": [cfg.action_dim]}},
+            "output_features": {cfg.action_feature: action},
             "wire_keys": self.data.wire_keys or {key: key for key in inputs},
             "tasks": list(meta.tasks),
             "prompt": ({"max_prompt_len": self._prompt_tokens(cfg).length}
@@ -302,7 +308,8 @@ def action_errors(policy, batch: dict, pipeline: Pipeline, cfg: PolicyConfig,
     pred = policy.predict(obs, noise_key=batch["noise_key"]).float()
     context = {cfg.state_feature: batch[cfg.state_feature]} if cfg.state_feature is not None else {}
     robot_pred = pipeline.unapply({**context, cfg.action_feature: pred})[cfg.action_feature]
-    robot_true = pipeline.unapply({**context, cfg.action_feature: batch[cfg.action_feature].float()})[cfg.action_feature]
+    target = batch[cfg.action_feature].float()
+    robot_true = pipeline.unapply({**context, cfg.action_feature: target})[cfg.action_feature]
     real = (~batch["action_is_pad"]).float().unsqueeze(-1)  # [B, H, 1]
     per_dim = ((robot_pred - robot_true).abs() * real).sum(1) / real.sum(1).clamp(min=1)  # [B, A]
     per_dim = per_dim.mean(0)

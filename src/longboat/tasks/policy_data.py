@@ -57,6 +57,10 @@ class PromptTokens:
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
+def _row(index: int | tuple[int, int]) -> int:
+    return index[0] if isinstance(index, tuple) else index
+
+
 class PolicyWindows(Dataset):
     """Transformed windows of ``frames`` holding only what the policy reads (plus ``task`` and ``noise_key``)."""
 
@@ -70,6 +74,18 @@ class PolicyWindows(Dataset):
 
     def __len__(self) -> int:
         return len(self.frames)
+
+    @property
+    def epoch_run(self) -> int:
+        """Neighbouring rows the loader's shuffled epochs keep together (the dataset's ``epoch_run``)."""
+        return self.frames.epoch_run
+
+    def __getitems__(self, indices: list) -> list[dict]:
+        """A loader's batch, read in row order so the video decoder runs forward through neighbouring windows."""
+        items: list = [None] * len(indices)
+        for i in sorted(range(len(indices)), key=lambda i: _row(indices[i])):
+            items[i] = self[indices[i]]
+        return items
 
     def __getitem__(self, index: int | tuple[int, int]) -> dict:
         row, position = index if isinstance(index, tuple) else (index, index)

@@ -1,5 +1,6 @@
 """``longboat data info``: what a user reads about a dataset, and a one-line error for a wrong path."""
 
+import shutil
 from pathlib import Path
 
 from longboat.cli.main import main
@@ -32,3 +33,16 @@ def test_info_bad_path(tmp_path, capsys):
     assert main(["data", "info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not a LeRobot dataset (meta/info.json not found)" in err and "Traceback" not in err
+
+
+def test_info_reports_a_truncated_data_file(tmp_path, capsys, written_h264):
+    """info reads every data file's parquet footer: a file cut short is named in one line, exit status 2."""
+    root, _ = written_h264
+    copy = tmp_path / "ds"
+    shutil.copytree(root, copy)
+    data = sorted((copy / "data").rglob("*.parquet"))[-1]
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    assert main(["data", "info", str(copy)]) == 2
+    captured = capsys.readouterr()
+    assert f"{data}: not a readable parquet file" in captured.err and "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and "features" not in captured.out

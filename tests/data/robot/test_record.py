@@ -149,8 +149,12 @@ def test_bad_input(tmp_path):
         import_simulator("no_such_simulator")
     with pytest.raises(RecordError, match=r"fetch:reach has no camera corner; its cameras: external_camera_0"):
         record(["fetch:reach"], 1, tmp_path / "a", cameras=["corner"])
-    with pytest.raises(RecordError, match="expected episodes >= 1"):
+    with pytest.raises(RecordError, match=r"^expected episodes >= 1, got 0$"):  # only the wrong limit is named
         record(["fetch:reach"], 0, tmp_path / "a")
+    with pytest.raises(RecordError, match=r"^expected image size >= 8, got 4$"):
+        record(["fetch:reach"], 1, tmp_path / "a", image_size=4)
+    with pytest.raises(RecordError, match=r"^expected max steps >= 1, got 0$"):
+        record(["fetch:reach"], 1, tmp_path / "a", max_steps=0)
     with pytest.raises(RecordError, match="distinct environments"):
         record(["fetch:reach", "fetch:reach"], 1, tmp_path / "a")
     (tmp_path / "notes").mkdir()
@@ -170,3 +174,31 @@ def test_overwrite_replaces_a_dataset(tmp_path):
         record(["fetch:reach"], 1, out, cameras=(), max_steps=1, seed=3, only_success=True, overwrite=True,
                progress=False)
     assert len(RobotDataset(out).meta.episodes.index) == 3 and list(tmp_path.iterdir()) == [out]
+
+
+def test_pusht_records_the_top_view_and_replays_exactly(tmp_path):
+    """Push-T (pymunk, drawn with pygame): short episodes written with the pusher's targets as actions; replaying
+    them from the episode's seed gives back the recorded states bit for bit."""
+    out = tmp_path / "pusht"
+    result = record(["pusht:push_t"], 2, out, image_size=SIZE, max_steps=6, seed=3, progress=False)
+    ds = RobotDataset(out)
+    assert ds.meta.fps == 10 and ds.meta.tasks == ["push the T-shaped block onto the green target"]
+    assert result.frames == len(ds) == 12 and ds.meta.info["robot_type"] == "pusht"
+    env = make_env("pusht:push_t")
+    for ep, frames in episodes_of(ds).items():
+        img = frames[0]["observation.images.top"]
+        assert img.shape == (3, SIZE, SIZE) and 0.5 < img.mean() < 0.99  # a white arena with the T, goal, pusher
+        state = env.reset(3 + ep)
+        for f in frames:
+            np.testing.assert_array_equal(f["observation.state"].numpy(), state)
+            action = f["action"].numpy()
+            assert np.all((action >= 0) & (action <= 512))
+            state, reward, success = env.step(action)
+            assert float(f["next.reward"]) == np.float32(reward) and bool(f["next.success"]) == success
+    env.close()
+
+
+@pytest.mark.slow
+def test_pusht_expert_succeeds(tmp_path):
+    results = record(["pusht:push_t"], 4, tmp_path / "pusht", cameras=(), progress=False).envs
+    assert results[0].successes >= 3, results

@@ -27,5 +27,11 @@ def test_draws_depend_on_the_key_only():
     assert torch.equal(keyed_normal(keys[5:7], (16,)), n[5:7])  # a sample's draw ignores its batch mates
     assert not torch.equal(keyed_normal(keys, (16,), stream=1), n)  # streams are independent draws
     assert noise_key(7, 3) != noise_key(8, 3) and noise_key(7, 3) != noise_key(7, 4)
+    # Each distribution and stream draws its own numbers: no stream of one repeats another's.
+    draws = [keyed_uniform(keys, (16,), s) for s in range(3)] + [keyed_normal(keys, (16,), s) for s in range(3)]
+    draws += [keyed_randint(keys, (16,), 1 << 20, s).float() for s in range(3)]
+    for i in range(len(draws)):
+        for j in range(i):
+            assert abs(torch.corrcoef(torch.stack([draws[i].flatten(), draws[j].flatten()]))[0, 1]) < 0.05
     t = keyed_randint(keys, (1,), 100)
     assert t.min() == 0 and t.max() == 99

@@ -4,6 +4,10 @@ An item holds every feature of one frame as torch tensors: numeric features as s
 tensors), cameras (video or parquet images) as float32 [C, H, W] in [0, 1], plus ``task`` (the string). Keys in
 ``delta_timestamps`` become windows [T, ...] with a bool ``<key>_is_pad``. ``cameras`` limits the cameras decoded
 (a state-only policy need not pay for video).
+
+Loading fast: ``image_dtype="uint8"`` keeps cameras uint8 (a quarter of the bytes to move out of loader workers;
+``to_float`` converts a batch to exactly the float32 values), and ``epoch_run`` asks the loader's shuffled epochs
+to keep runs of neighbouring rows together, so that a worker decodes the frames their windows share once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from longboat.data.robot.video import VideoFrameReader
 from longboat.data.robot.windows import delta_indices, window_rows
 
 VIDEO_BACKENDS = ("pyav",)
+IMAGE_DTYPES = ("float32", "uint8")
 
 
 class RobotDataset(Dataset):
@@ -36,10 +41,23 @@ class RobotDataset(Dataset):
         video_backend: str = "pyav",
         tolerance_s: float = 1e-4,
         cameras: Sequence[str] | None = None,
+        image_dtype: str = "float32",
+        epoch_run: int = 1,
+        cache_mb: float = 64,
     ):
+        """``epoch_run``: rows the loader's shuffled epochs keep together in order (1: each row shuffled alone);
+        ``cache_mb``: decoded video frames each process keeps for the windows of the rows that follow."""
         if video_backend not in VIDEO_BACKENDS:
             raise RobotDataError(f"video_backend {video_backend!r} is not supported (expected one of "
                                  f"{', '.join(VIDEO_BACKENDS)})")
+        if image_dtype not in IMAGE_DTYPES:
+            raise RobotDataError(f"image_dtype {image_dtype!r} is not supported (expected one of "
+                                 f"{', '.join(IMAGE_DTYPES)})")
+        if not isinstance(epoch_run, int) or epoch_run < 1:
+            raise RobotDataError(f"epoch_run: expected an integer >= 1, got {epoch_run!r}")
+        if cache_mb < 0:
+            raise RobotDataError(f"cache_mb: expected a size in MiB >= 0, got {cache_mb!r}")
+        self.image_dtype, self.epoch_run = image_dtype, epoch_run
         self.meta = DatasetMeta(root)
         self.root = self.meta.root
         self.tolerance_s = tolerance_s
@@ -60,11 +78,16 @@ class RobotDataset(Dataset):
         self._ep_end = np.cumsum(lengths)
         self._ep_start = self._ep_end - lengths
         self._row_episode = np.repeat(np.arange(len(self.positions)), lengths)
-        for key in self._video_keys:  # a missing file fails now, not in a loader worker hours later
-            for rel in dict.fromkeys(self.meta.episodes.video_file[key][p] for p in self.positions):
-                if not (self.root / rel).is_file():
-                    raise VideoDecodeError(f"{self.root / rel}: video file of '{key}' not found")
-        self.video = VideoFrameReader(tolerance_s)
+        # The video file of each camera and selected episode, as paths built once (building one per frame costs).
+        self._video_path: dict[str, dict[int, Path]] = {}
+        for key in self._video_keys:
+            paths = {rel: self.root / rel for rel in dict.fromkeys(self.meta.episodes.video_file[key][p]
+                                                                   for p in self.positions)}
+            for path in paths.values():  # a missing file fails now, not in a loader worker hours later
+                if not path.is_file():
+                    raise VideoDecodeError(f"{path}: video file of '{key}' not found")
+            self._video_path[key] = {int(p): paths[self.meta.episodes.video_file[key][p]] for p in self.positions}
+        self.video = VideoFrameReader(tolerance_s, cache_mb=cache_mb)
 
     def _select(self, episodes: Sequence[int] | None) -> np.ndarray:
         eps = self.meta.episodes
@@ -100,6 +123,21 @@ class RobotDataset(Dataset):
     def __len__(self) -> int:
         return self.frames.num_rows
 
+    def __getitems__(self, rows: Sequence[int]) -> list[dict]:
+        """A loader's batch, read in row order: the video decoder runs forward through neighbouring windows."""
+        order = sorted(range(len(rows)), key=lambda i: rows[i])
+        items: list = [None] * len(rows)
+        for i in order:
+            items[i] = self[rows[i]]
+        return items
+
+    def to_float(self, batch: dict) -> dict:
+        """The batch with uint8 cameras as float32 in [0, 1], the values ``image_dtype="float32"`` gives."""
+        for key in self.meta.camera_keys:
+            if key in batch and batch[key].dtype == torch.uint8:
+                batch[key] = batch[key].float().div_(255)
+        return batch
+
     def __getitem__(self, row: int) -> dict:
         if not 0 <= row < len(self):
             raise IndexError(f"row {row} out of range for {len(self)} frames")
@@ -120,21 +158,23 @@ class RobotDataset(Dataset):
                 continue
             rows = rows_of.get(key)
             imgs = [decode_image(column, int(r), self.root, key) for r in (rows if rows is not None else [row])]
-            item[key] = _to_chw_float(np.stack(imgs), windowed=rows is not None)
+            item[key] = self._camera(np.stack(imgs), windowed=rows is not None)
         pos = self.positions[ep]
         timestamps = self.frames.numeric["timestamp"]
         for key in self._video_keys:
             rows = rows_of.get(key)
             ts = timestamps[rows] if rows is not None else timestamps[row : row + 1]
             shift = self.meta.episodes.video_start[key][pos]
-            path = self.root / self.meta.episodes.video_file[key][pos]
+            path = self._video_path[key][int(pos)]
             frames = self.video.decode(path, [shift + float(t) for t in ts])
-            item[key] = _to_chw_float(frames, windowed=rows is not None)
+            item[key] = self._camera(frames, windowed=rows is not None)
         item["task"] = self.meta.tasks[int(self.frames.numeric["task_index"][row])]
         return item
 
-
-def _to_chw_float(frames: np.ndarray, windowed: bool) -> torch.Tensor:
-    """uint8 [T, H, W, C] → float32 [T, C, H, W] in [0, 1] (LeRobot's convention), [C, H, W] without a window."""
-    t = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255)
-    return t if windowed else t[0]
+    def _camera(self, frames: np.ndarray, windowed: bool) -> torch.Tensor:
+        """uint8 [T, H, W, C] → [T, C, H, W], as float32 in [0, 1] (LeRobot's convention) unless kept uint8;
+        [C, H, W] without a window."""
+        t = torch.from_numpy(frames).permute(0, 3, 1, 2)
+        if self.image_dtype == "float32":
+            t = t.float().div_(255)
+        return t if windowed else t[0]

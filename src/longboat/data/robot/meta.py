@@ -218,6 +218,16 @@ def _read_parquet(path: Path, columns: list[str] | None = None, filters=None):
         raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
 
+def check_parquet_footer(path: Path) -> None:
+    """Reads only the footer: a missing, truncated or foreign file fails here without reading its rows."""
+    if not path.is_file():
+        raise RobotDataError(f"{path}: file not found")
+    try:
+        pq.read_metadata(path)
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+
+
 def read_frames(root: Path, rel_path: str, episodes: np.ndarray | None):
     """Rows of one data file, only of ``episodes`` when given."""
     filters = pc.field("episode_index").isin(episodes.tolist()) if episodes is not None else None

@@ -1,4 +1,5 @@
-"""A human-readable summary of a LeRobot dataset, for ``longboat data info``."""
+"""A human-readable summary of a LeRobot dataset, for ``longboat data info``, after checking that every data file's
+parquet footer reads (cheap: a truncated file fails here rather than in a training run)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from pathlib import Path
 
 import av
 
-from longboat.data.robot.meta import DatasetMeta
+from longboat.data.robot.meta import DatasetMeta, check_parquet_footer
 
 
 def describe(root: str | Path) -> str:
     meta = DatasetMeta(root)
+    for rel in dict.fromkeys(meta.episodes.data_file):
+        check_parquet_footer(meta.root / rel)
     info = meta.info
     lines = [
         f"dataset   {meta.root}",

@@ -42,30 +42,35 @@ def noise_key(seed: int, position: int) -> int:
     return int(_mix(_mix(x))[0])
 
 
-def _bits(keys: torch.Tensor, shape: tuple[int, ...], stream: int) -> torch.Tensor:
-    """Well-mixed int64 bit patterns [B, *shape] for int64 ``keys`` [B]."""
+def _bits(keys: torch.Tensor, shape: tuple[int, ...], stream: int, kind: int) -> torch.Tensor:
+    """Well-mixed int64 bit patterns [B, *shape] for int64 ``keys`` [B]. ``kind`` separates the distributions, so
+    stream 1 of one never repeats the numbers of stream 1 (or any stream) of another."""
     n = math.prod(shape)
     counter = torch.arange(n, device=keys.device, dtype=torch.int64)
-    x = keys.to(torch.int64).reshape(-1, 1) + _signed((stream + 1) * 0xD1B54A32D192ED03)
+    x = keys.to(torch.int64).reshape(-1, 1) + _signed((stream + 1) * 0xD1B54A32D192ED03 + kind * 0x8CB92BA72F3D8DD7)
     x = _mix(x) + (counter + 1) * _GOLDEN
     return _mix(x).reshape(keys.shape[0], *shape)
+
+
+def _uniform(keys: torch.Tensor, shape: tuple[int, ...], stream: int, kind: int, dtype: torch.dtype) -> torch.Tensor:
+    top = _shr(_bits(keys, tuple(shape), stream, kind), 40)
+    return ((top.to(torch.float64) + 0.5) / float(1 << 24)).to(dtype)
 
 
 def keyed_uniform(keys: torch.Tensor, shape: tuple[int, ...], stream: int = 0,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Uniform numbers in the open interval (0, 1), [B, *shape], from 24 high bits of the hash."""
-    top = _shr(_bits(keys, tuple(shape), stream), 40)
-    return ((top.to(torch.float64) + 0.5) / float(1 << 24)).to(dtype)
+    return _uniform(keys, shape, stream, 0, dtype)
 
 
 def keyed_normal(keys: torch.Tensor, shape: tuple[int, ...], stream: int = 0,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Standard normal numbers [B, *shape] (Box–Muller over two uniform streams)."""
-    u1 = keyed_uniform(keys, shape, 2 * stream, torch.float64)
-    u2 = keyed_uniform(keys, shape, 2 * stream + 1, torch.float64)
+    u1 = _uniform(keys, shape, stream, 1, torch.float64)
+    u2 = _uniform(keys, shape, stream, 2, torch.float64)
     return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)).to(dtype)
 
 
 def keyed_randint(keys: torch.Tensor, shape: tuple[int, ...], high: int, stream: int = 0) -> torch.Tensor:
     """Integers uniform in [0, high), [B, *shape] (e.g. diffusion timesteps)."""
-    return (keyed_uniform(keys, shape, stream, torch.float64) * high).long().clamp_(max=high - 1)
+    return (_uniform(keys, shape, stream, 3, torch.float64) * high).long().clamp_(max=high - 1)

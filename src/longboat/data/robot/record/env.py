@@ -10,7 +10,7 @@ from longboat.data.robot.record.render import CameraRenderer
 
 
 class SimEnv(ABC):
-    """One task of a MuJoCo simulator with its scripted expert. ``step`` returns (state, reward, success)."""
+    """One task of a simulator with its scripted expert. ``step`` returns (state, reward, success)."""
 
     name: str  # as the user wrote it, e.g. "fetch:push"
     task: str  # the dataset's task string
@@ -38,7 +38,7 @@ class SimEnv(ABC):
 
     @abstractmethod
     def physics(self) -> tuple[object, object]:
-        """The MuJoCo (model, data) the cameras look at."""
+        """The MuJoCo (model, data) the cameras look at (a simulator drawn otherwise overrides ``render``)."""
 
     def render(self, camera: str, size: int) -> np.ndarray:
         """uint8 RGB [size, size, 3] of ``camera`` now."""

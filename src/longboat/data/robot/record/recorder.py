@@ -77,10 +77,10 @@ def record(
     <name>``); by default each environment's own default camera, and ``()`` records no images. Episode ``i`` of
     an environment starts from seed ``seed + i``; ``only_success`` drops the episodes that did not succeed."""
     output = Path(output)
-    if episodes_per_env < 1 or image_size < 8 or (max_steps is not None and max_steps < 1) or \
-            (fps is not None and fps < 1):
-        raise RecordError(f"expected episodes >= 1, image size >= 8, max steps >= 1 and fps >= 1, got "
-                          f"{episodes_per_env}, {image_size}, {max_steps}, {fps}")
+    for name, value, least in (("episodes", episodes_per_env, 1), ("image size", image_size, 8),
+                               ("max steps", max_steps, 1), ("fps", fps, 1)):
+        if value is not None and value < least:
+            raise RecordError(f"expected {name} >= {least}, got {value}")
     if len(set(envs)) != len(envs) or not envs:
         raise RecordError(f"expected one or more distinct environments, got {list(envs)}")
     _check_output(output, overwrite)

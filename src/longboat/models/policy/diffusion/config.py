@@ -52,7 +52,8 @@ class DiffusionConfig(PolicyConfig):
         if any(d % self.n_groups for d in self.down_dims):
             raise ValueError(f"down_dims {self.down_dims} must each be divisible by n_groups={self.n_groups}")
         if self.step_embed_dim % 2 or self.step_embed_dim < 4:
-            raise ValueError(f"step_embed_dim must be even and at least 4 (sines and cosines), got {self.step_embed_dim}")
+            raise ValueError(f"step_embed_dim must be even and at least 4 (sines and cosines), "
+                             f"got {self.step_embed_dim}")
         if self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd (same-length convolutions), got {self.kernel_size}")
         if self.inference_steps > self.train_timesteps:

@@ -12,7 +12,7 @@ from longboat.models.policy.diffusion.config import DiffusionConfig
 
 
 class SinusoidalEmbedding(nn.Module):
-    """Timesteps [B] -> [B, dim]: sines and cosines at geometrically spaced frequencies, as a transformer's positions."""
+    """Timesteps [B] -> [B, dim]: sines and cosines at geometrically spaced frequencies (transformer positions)."""
 
     def __init__(self, dim: int):
         super().__init__()

@@ -50,9 +50,9 @@ def _export(tmp_path, n_obs_steps=1, wire_keys=None):
     pipeline = Pipeline.from_config([{"type": "resize_pad", "keys": [CAM], "size": [16, 16]},
                                      {"type": "normalize", "features": {STATE: "mean_std", "action": "mean_std"}}],
                                     stats)
-    manifest = {"wire_keys": wire_keys or {"observation/image": CAM, "observation/state": STATE},
-                "features": {CAM: {"shape": [24, 32, 3]}, STATE: {"shape": [4]}},
-                "horizon": 5, "n_obs_steps": n_obs_steps}
+    manifest = {"format_version": 1, "wire_keys": wire_keys or {"observation/image": CAM, "observation/state": STATE},
+                "input_features": {CAM: {"shape": [24, 32, 3]}, STATE: {"shape": [4]}},
+                "horizon": 5, "n_obs_steps": n_obs_steps, "prompt": None}
     assets = {**pipeline_assets(pipeline), "policy.json": json.dumps(manifest).encode()}
     out = save_export(tmp_path / "export", model, "served_linear_test", cfg.model_dump(mode="json"), assets,
                       extra={"task": "policy"})
@@ -79,7 +79,8 @@ def test_served_export_answers_in_robot_units(tmp_path):
     with serving_in_thread(server) as port:
         client = WebsocketClientPolicy("127.0.0.1", port)
         meta = client.get_server_metadata()
-        assert meta["policy"] == "served_linear_test" and meta["horizon"] == 5 and meta["action_dim"] == 2
+        assert meta["policy"] == "_LinearPolicy" and meta["horizon"] == 5 and meta["action_dim"] == 2
+        assert meta["observation_shapes"] == {"observation/image": [24, 32, 3], "observation/state": [4]}
         for i in range(3):
             got = client.infer({**_wire(i), "seed": 40 + i, "prompt": "push the block"})
             np.testing.assert_allclose(got["actions"], _by_hand(model, pipeline, _wire(i), 40 + i), atol=1e-5)
