@@ -1,8 +1,11 @@
 """The tiny flow VLA trained end to end by ``longboat train`` (task: policy), its backbone starting from (and, frozen,
 keeping) a Hugging Face checkpoint's weights and its prompts from the dataset's task strings; then served to
-openpi-client with prompts and seeds."""
+openpi-client with prompts and seeds, and measured by the prompt experiment's script."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -19,7 +22,7 @@ from longboat.recipes.policy_bundle import open_policy
 from longboat.recipes.serve import open_served_policy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
-from tests.tasks.policy_dataset import write_policy_dataset
+from tests.tasks.policy_dataset import TASKS, write_policy_dataset
 
 pytestmark = pytest.mark.slow
 CAMERA = "observation.images.top"
@@ -38,7 +41,9 @@ def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
                         "train.tensorboard=false", check=True)
     assert f"initial weights from {hf_dir}" in proc.stdout
     train, valid = read_metrics(run_dir), read_metrics(run_dir, "valid")
-    assert train[0]["loss"] > 0.9 and train[-1]["loss"] < 0.3, (train[0]["loss"], train[-1]["loss"])
+    # Measured: 1.46 over the first 20 steps, 0.25 over the last 20; held-out action error about 0.25 (actions
+    # span ±2).
+    assert train[0]["loss"] > 1.0 and train[-1]["loss"] < 0.45, (train[0]["loss"], train[-1]["loss"])
     assert valid[-1]["action_mae"] < 0.5 and "action_mae/dx" in valid[-1], valid[-1]
     # The export's backbone is the checkpoint's, untouched by training; the prompt's tokenizer rides along.
     export = run_dir / "export"
@@ -64,3 +69,8 @@ def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
         np.testing.assert_allclose(actions, expected[0].numpy(), atol=1e-5, rtol=0)
     assert not np.array_equal(replies["push the block", 5], replies["push the block", 6])
     assert not np.array_equal(replies["reach the target", 5], replies["push the block", 5])
+    # The prompt experiment's measurement runs on the export (here on two episodes, one of each task).
+    table = subprocess.run([sys.executable, "examples/vla_prompts/measure.py", str(run_dir), str(dataset),
+                            "--episodes", "0", "1", "--every", "5"], check=True, capture_output=True, text=True).stdout
+    rows = {line[:45].strip(): line[45:].split() for line in table.splitlines()[1:]}
+    assert set(rows) == {*TASKS, "all"} and all(float(v) > 0 for r in rows.values() for v in r), table

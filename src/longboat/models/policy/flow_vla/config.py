@@ -55,6 +55,21 @@ class FlowVLAConfig(PolicyConfig):
     expert: ExpertConfig = ExpertConfig()
     num_steps: int = Field(default=10, gt=0, description="Euler steps from noise (t=1) to actions (t=0) at inference")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _backbone_from_hf(cls, data):
+        """Without ``backbone``, its fields (and the tokenizer by default) come from ``backbone_hf``'s config.json;
+        a directory that is not a supported decoder is reported by the field check below, naming the key."""
+        if isinstance(data, dict) and data.get("backbone") is None and data.get("backbone_hf") is not None:
+            try:
+                fields = _backbone_fields(data["backbone_hf"])
+            except ValueError:
+                return data
+            data = {**data, "backbone": fields}
+            if data.get("tokenizer") is None:
+                data["tokenizer"] = data["backbone_hf"]
+        return data
+
     @field_validator("backbone_hf")
     @classmethod
     def _check_backbone_hf(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -66,11 +81,7 @@ class FlowVLAConfig(PolicyConfig):
     @model_validator(mode="after")
     def _resolve(self) -> FlowVLAConfig:
         if self.backbone is None:
-            if self.backbone_hf is None:
-                raise ValueError("set backbone_hf (a Hugging Face decoder directory) or backbone (decoder fields)")
-            self.backbone = DecoderConfig(**_backbone_fields(self.backbone_hf))
-            if self.tokenizer is None:
-                self.tokenizer = self.backbone_hf
+            raise ValueError("set backbone_hf (a Hugging Face decoder directory) or backbone (decoder fields)")
         b = self.backbone
         if b.attention != "gqa" or b.moe is not None:
             raise ValueError("backbone: the action expert shares attention with dense grouped-query decoders only "
