@@ -18,13 +18,13 @@ IMAGE = (12, 16)  # height, width
 TASKS = ("reach the target", "push the block")
 
 
-def features(camera: bool) -> dict:
+def features(camera: bool, camera_key: str = "observation.images.top", image: tuple[int, int] = IMAGE) -> dict:
     out = {
         "observation.state": {"dtype": "float32", "shape": [STATE], "names": None},
         "action": {"dtype": "float32", "shape": [ACTION], "names": ["dx", "dy"]},
     }
     if camera:
-        out["observation.images.top"] = {"dtype": "image", "shape": [*IMAGE, 3],
+        out[camera_key] = {"dtype": "image", "shape": [*image, 3],
                                          "names": ["height", "width", "channels"]}
     return out
 
@@ -35,20 +35,21 @@ def state_at(episode: int, t: int) -> np.ndarray:
     return np.array([np.sin(angle), np.cos(angle), np.sin(phase), np.cos(phase)], dtype=np.float32) * [2, 1, 1, 1]
 
 
-def image_at(episode: int, t: int) -> np.ndarray:
-    y, x = np.mgrid[0:IMAGE[0], 0:IMAGE[1]].astype(np.float64)
+def image_at(episode: int, t: int, image: tuple[int, int] = IMAGE) -> np.ndarray:
+    y, x = np.mgrid[0:image[0], 0:image[1]].astype(np.float64)
     angle = 0.3 * t + 0.7 * episode
     img = np.stack([128 + 100 * np.sin(x / 3 + angle), 128 + 100 * np.cos(y / 3 - angle), np.full_like(x, 90)], -1)
     return img.astype(np.uint8)
 
 
-def write_policy_dataset(root: str | Path, episodes: int = 6, length: int = 20, camera: bool = True) -> Path:
-    with RobotDatasetWriter(root, FPS, features(camera), robot_type="toy_arm") as writer:
+def write_policy_dataset(root: str | Path, episodes: int = 6, length: int = 20, camera: bool = True,
+                         camera_key: str = "observation.images.top", image: tuple[int, int] = IMAGE) -> Path:
+    with RobotDatasetWriter(root, FPS, features(camera, camera_key, image), robot_type="toy_arm") as writer:
         for ep in range(episodes):
             for t in range(length):
                 frame = {"observation.state": state_at(ep, t), "action": state_at(ep, t + 1)[:ACTION]}
                 if camera:
-                    frame["observation.images.top"] = image_at(ep, t)
+                    frame[camera_key] = image_at(ep, t, image)
                 writer.add_frame(frame, task=TASKS[ep % 2])
             writer.save_episode()
     return Path(root)

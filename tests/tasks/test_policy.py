@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from longboat.cli.main import main
 from longboat.config.base import ConfigError
@@ -176,7 +177,10 @@ def test_bad_input_fails_in_one_line(dataset, tmp_path, capsys, override, messag
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "policy").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_policy_config_loads(dataset, path):
+def test_every_policy_config_loads(dataset, tmp_path, path):
+    cameras = yaml.safe_load(path.read_text())["data"].get("cameras")
+    if cameras:  # a recipe naming its camera gets a dataset with that camera at the size it was recorded at (64)
+        dataset = write_policy_dataset(tmp_path / "ds", episodes=2, length=20, camera_key=cameras[0], image=(64, 64))
     resolved = load_run_config(path, [f"data.path={dataset}"])
     assert resolved.cfg.task == "policy" and resolved.model.action_dim == ACTION
     resolved.task.check(resolved.model)

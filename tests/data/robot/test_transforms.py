@@ -285,6 +285,29 @@ def test_delta_actions_errors_name_the_keys():
         p.apply({ACTION: torch.randn(4, 7), STATE: torch.randn(6)})
 
 
+# --- selected dimensions -------------------------------------------------------------------------------------
+
+def test_select_dims_keeps_chosen_state_dims_after_normalizing_the_whole_state(stats):
+    p = build([{"type": "normalize", "features": {STATE: "mean_std", ACTION: "min_max"}},
+               {"type": "select_dims", "dims": [3, 0, 1]}], stats)
+    history, action = torch.randn(2, 3, 9), torch.randn(2, 10, 7)  # [B, T, D] state, [B, H, A] action
+    out = p.apply({STATE: history, ACTION: action})
+    full = numpy_normalize(history.numpy(), stats, STATE, "mean_std")
+    np.testing.assert_allclose(out[STATE].numpy(), full[..., [3, 0, 1]], rtol=1e-6)
+    back = p.unapply({STATE: out[STATE], ACTION: out[ACTION]})  # as a policy bundle walks back: state as context
+    torch.testing.assert_close(back[ACTION], action, atol=1e-5, rtol=0)
+    assert STATE not in back  # the dropped dims cannot be restored, so normalize's inverse never sees 3 of 9
+    assert p.apply({ACTION: action})[ACTION].shape == action.shape  # an item without the feature passes
+
+
+def test_select_dims_refuses_dims_past_the_feature_and_an_empty_list():
+    with pytest.raises(TransformError, match=r"select_dims: dims \[0, 9\] reach past 'observation.state', "
+                                             r"which has 9 dimensions"):
+        build([{"type": "select_dims", "dims": [0, 9]}]).apply({STATE: torch.randn(4, 9)})
+    with pytest.raises(ConfigError, match=r"'transforms\[0\].dims'"):
+        build([{"type": "select_dims", "dims": []}])
+
+
 # --- the pipeline --------------------------------------------------------------------------------------------
 
 PIPELINE_YAML = f"""
@@ -375,7 +398,7 @@ def test_an_export_carries_the_pipeline(pipeline, tmp_path):
 @pytest.mark.parametrize("specs, message", [
     ([{"type": "normalise", "features": {ACTION: "mean_std"}}],
      r"^config: 'transforms\[0\].type': unknown transform 'normalise'; did you mean 'normalize'\? known transforms: "
-     r"center_crop, color_jitter, .*resize_pad$"),
+     r"center_crop, color_jitter, .*resize_pad, select_dims$"),
     ([{"keys": [TOP]}], r"^config: 'transforms\[0\]' has no 'type'; known transforms: center_crop"),
     ({"type": "normalize"}, r"^config: 'transforms' must be a list of transforms, got dict$"),
     ([{"type": "resize_pad", "keys": [TOP], "sise": [2, 2]}],

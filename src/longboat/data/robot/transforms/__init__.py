@@ -5,7 +5,7 @@ A pipeline is built from a list such as
 User code registers more with ``@register_transform("name")`` from a run's ``plugins:``.
 """
 
-from longboat.data.robot.transforms import color, delta, image, normalize, pad  # noqa: F401  (register)
+from longboat.data.robot.transforms import color, delta, image, normalize, pad, select  # noqa: F401  (register)
 from longboat.data.robot.transforms.base import (
     Transform,
     TransformError,
