@@ -134,8 +134,9 @@ def test_predict_is_a_function_of_the_noise_key():
     keys = torch.tensor([5, 6, 7])
     a = model.predict(obs, keys)
     torch.testing.assert_close(model.predict(obs, keys), a, rtol=0, atol=0)
+    # Ten denoising steps of batch-size-dependent kernels: float rounding, not the draw, differs.
     torch.testing.assert_close(model.predict({k: v[2:] for k, v in obs.items()}, keys[2:]), a[2:],
-                               rtol=1e-5, atol=1e-6)
+                               rtol=1e-4, atol=2e-5)
     assert not torch.allclose(model.predict(obs, keys + 1), a)
     assert a.abs().max() <= 1.0  # clip_sample
 
