@@ -34,7 +34,7 @@ ARCHS: dict[str, dict] = {
 }
 # Flow matching's loss over 6 steps of 8 samples follows its random times and noise more than its progress; its
 # learning is shown end to end (tests/recipes/test_flow_vla_train.py).
-NOISY_LOSS = {"flow_vla"}
+NOISY_LOSS = {"diffusion", "flow_vla"}
 LAYOUTS: dict[str, dict | None] = {
     "single": None,
     "ddp": {"data_parallel": "ddp"},
