@@ -32,8 +32,8 @@ ARCHS: dict[str, dict] = {
     "flow_vla": {"preset": "tiny", "tokenizer": "tests/fixtures/sft/tokenizer",
                  "vision": {"patch_size": 2, "d_model": 16, "n_layers": 1, "n_heads": 2}},
 }
-# Flow matching's loss over 6 steps of 8 samples follows its random times and noise more than its progress; its
-# learning is shown end to end (tests/recipes/test_flow_vla_train.py).
+# Diffusion's and flow matching's losses over 6 steps of 8 samples follow their random times and noise more than
+# their progress; their learning is shown end to end (test_diffusion.py, tests/recipes/test_flow_vla_train.py).
 NOISY_LOSS = {"diffusion", "flow_vla"}
 LAYOUTS: dict[str, dict | None] = {
     "single": None,
