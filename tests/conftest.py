@@ -49,3 +49,15 @@ def tiny_run_args(run_dir, corpus, *extra: str) -> list[str]:
         "train.micro_batch_size=4", "train.log_every=1", "train.eval_every=0", "train.eval_batches=2",
         "train.tensorboard=false", "train.threads=1", *extra,
     ]
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: tiny models gain nothing from more, and on a busy machine idle pool threads
+    spin for a core (Megatron's per-sample masks, tiny policies)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

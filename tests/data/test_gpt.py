@@ -121,15 +121,6 @@ def mcore():
     return pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
 
 
-@pytest.fixture
-def one_thread():
-    """Megatron builds a [T, T] mask per sample; torch's thread pool makes that slow on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_sample_index_matches_megatron_helper(mcore):
     from megatron.core.datasets import helpers
 

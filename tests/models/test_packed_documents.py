@@ -34,15 +34,7 @@ MODELS = {
 }
 # Rows of document lengths (very long next to a single token); the rest of each row is padding.
 LAYOUT = [[37, 1, 6, 2], [9, 30, 3], [48], [5]]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this small gain nothing from threads, and on a busy machine idle threads spin for a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # models this small gain nothing from threads
 
 
 def make_documents(lengths: list[int], seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:

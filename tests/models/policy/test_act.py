@@ -17,15 +17,6 @@ CAM = "observation.images.top"
 FEATURES = {"image_features": {CAM: [3, 32, 32]}, "state_dim": 4, "action_dim": 3}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models step fastest on one thread: more only spin in barriers, worst on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(**over) -> ACT:
     torch.manual_seed(0)
     return build_model("act", {**get_model("act").load_preset("tiny"), **FEATURES, **over})

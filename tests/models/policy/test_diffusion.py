@@ -15,15 +15,6 @@ from tests.tasks.policy_dataset import write_policy_dataset
 CAMERA = "observation.images.top"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny convolutions: one thread is faster than two fighting over a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(cameras: bool = True, **over) -> DiffusionConfig:
     fields = {**DIFFUSION.load_preset("tiny"), "state_dim": 4, "action_dim": 3, **over}
     if cameras:

@@ -41,15 +41,6 @@ def rows(batch: dict, idx: list[int]) -> dict:
     return {k: v[idx] for k, v in batch.items()}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Many tiny ops: one thread is fastest and makes the overfit's numbers reproducible."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)

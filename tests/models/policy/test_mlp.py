@@ -55,14 +55,6 @@ def test_padded_steps_do_not_count_and_samples_are_independent():
     torch.testing.assert_close(model(mixed)["loss"][:2], loss[:2])
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_overfits_a_fixed_batch(one_thread):
     torch.manual_seed(0)
     model = MLPPolicy(config())
