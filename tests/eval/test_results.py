@@ -9,7 +9,8 @@ from longboat.config.base import ConfigError
 from longboat.eval.compare import compare, format_comparison
 from longboat.eval.config import EvalConfig, load_eval_config
 from longboat.eval.report import write_report
-from longboat.eval.results import RESULTS_FILE, ResultsFile, read_results, summarize, wilson
+from longboat.eval.results import RESULTS_FILE, ResultsFile, read_results, summarize
+from longboat.utils.stats import wilson_interval as wilson
 
 
 def _episode(task, seed, success, latency=(10.0,)):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from longboat.cli.main import main
-from longboat.recipes.eval_lm import EvalLMConfig, normalize_answer, run_eval_lm, wilson_interval
+from longboat.recipes.eval_lm import EvalLMConfig, normalize_answer, run_eval_lm
+from longboat.utils.stats import wilson_interval
 from tests.recipes.conftest import QA, SYSTEM
 
 transformers = pytest.importorskip("transformers")

@@ -8,16 +8,15 @@ deterministic given their seed), so the file ends with each episode exactly once
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 import numpy as np
 
 from longboat.config.base import ConfigError
+from longboat.utils.stats import wilson_interval
 
 RESULTS_FILE, SUMMARY_FILE, RUN_FILE = "results.jsonl", "summary.json", "run.json"
-Z95 = 1.959963984540054
 
 
 class ResultsFile:
@@ -61,16 +60,6 @@ def read_results(path: Path, repair: bool = False) -> list[dict]:
     return episodes
 
 
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a success rate (95% by default); (0, 1) when there is no episode."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)
-
-
 def _percentiles(values: list[float]) -> dict:
     if not values:
         return {"p50": None, "p95": None, "p99": None}
@@ -80,7 +69,7 @@ def _percentiles(values: list[float]) -> dict:
 
 def _group(episodes: list[dict]) -> dict:
     n, k = len(episodes), sum(bool(e["success"]) for e in episodes)
-    low, high = wilson(k, n)
+    low, high = wilson_interval(k, n)
     failures: dict[str, int] = {}
     for e in episodes:
         if e.get("failure"):

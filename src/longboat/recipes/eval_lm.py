@@ -17,7 +17,6 @@ decoded only with prompts of the same token length, so every answer equals the o
 from __future__ import annotations
 
 import json
-import math
 import re
 import string
 import time
@@ -33,9 +32,9 @@ from longboat.errors import LongboatError
 from longboat.models.llm.generation import generate
 from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
 from longboat.utils.logging import console
+from longboat.utils.stats import wilson_interval
 
 Kind = Literal["exact_match", "multiple_choice"]
-_Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
 class EvalDataError(LongboatError, ValueError):
@@ -125,16 +124,6 @@ def normalize_answer(text: str, mode: str) -> str:
         text = "".join(c for c in text.lower() if c not in string.punctuation)
         text = " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
     return text
-
-
-def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (sound near 0 and 1, unlike the normal one)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def prompt_ids(loaded: LoadedModel, row: Row, chat: bool) -> list[int]:
