@@ -12,7 +12,7 @@ from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.model import segment_attention_mask
 from longboat.tasks.pretrain import Pretrain, PretrainDataConfig
 from longboat.trainer.config import TrainerConfig
-from tests.data.test_gpt import megatron_build, one_thread  # noqa: F401 (a fixture)
+from tests.data.test_gpt import megatron_build
 
 SEQ, BATCH = 96, 8
 
