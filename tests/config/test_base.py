@@ -84,3 +84,12 @@ def test_resolved_yaml_round_trips(tmp_path):
     assert again.cfg.train == resolved.cfg.train
     assert "preset" not in again.cfg.model  # the preset is expanded into plain fields
     assert resolve({"run_dir": "x", "train": {"steps": 1}, "data": {"tokenizer": "t", "paths": ["p"], "seq_len": 8}})
+
+
+def test_a_truncated_yaml_file_is_named_in_one_line(tmp_path):
+    path = tmp_path / "cut.yaml"
+    path.write_text("train:\n  steps: [1")
+    with pytest.raises(ConfigError) as err:
+        load_yaml(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "line 2" in message

@@ -75,6 +75,13 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own message spans several, with context)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a YAML config, resolving ``inherit: other.yaml`` (relative to the file) recursively."""
     path = Path(path).resolve()
@@ -85,7 +92,7 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     parents = data.pop(INHERIT_KEY, None)

@@ -17,7 +17,7 @@ import yaml
 from pydantic import Field
 from torch import nn
 
-from longboat.config.base import ConfigError, StrictModel, validate
+from longboat.config.base import ConfigError, StrictModel, validate, yaml_problem
 from longboat.eval.served import RequestError, array_of, check_keys, image_tensor, vector_tensor
 
 LIBERO_LIKE = {"observation/image": [224, 224, 3], "observation/wrist_image": [224, 224, 3], "observation/state": [8]}
@@ -45,7 +45,7 @@ def load_random_policy_config(spec: str) -> RandomPolicyConfig:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{spec}: not valid YAML ({e})") from None
+            raise ConfigError(f"{spec}: not valid YAML ({yaml_problem(e)})") from None
     else:
         source = "--random-policy"
         try:
