@@ -12,16 +12,13 @@ share of that ideal left after communication and sharding.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-RESULT = "RESULT "
+from worker_launch import launch as launch_worker, report as report_result
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,23 +81,15 @@ def worker(args: argparse.Namespace) -> None:
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
     if runtime.rank == 0:
-        print(RESULT + json.dumps({"mode": args.worker, "ranks": ranks, "threads": threads,
-                                   "step_s": statistics.median(times)}), flush=True)
+        report_result({"mode": args.worker, "ranks": ranks, "threads": threads,
+                       "step_s": statistics.median(times)})
     shutdown(runtime)
 
 
 def launch(args: argparse.Namespace, mode: str) -> dict:
-    script = [str(Path(__file__).resolve()), *sys.argv[1:], "--worker", mode]
-    if mode == "single":
-        cmd = [sys.executable, *script]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        sys.exit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(RESULT):])
+    """This script's worker ``mode`` in one process (``single``) or on 2 ranks under torchrun."""
+    return launch_worker(str(Path(__file__).resolve()), [*sys.argv[1:], "--worker", mode],
+                         1 if mode == "single" else 2, args.threads)
 
 
 def main() -> None:
