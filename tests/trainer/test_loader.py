@@ -51,50 +51,51 @@ def test_loader_reports_epochs():
 
 
 class _Positions(torch.utils.data.Dataset):
+    """Items that say which row and which stream position the loader asked for."""
+
     positioned = True
 
+    def __init__(self, n: int = 23):
+        self.n = n
+
     def __len__(self):
-        return 23
+        return self.n
 
     def __getitem__(self, key):
         row, position = key
         return {"row": torch.tensor(row), "position": torch.tensor(position)}
 
 
-@pytest.mark.parametrize("epochs", [False, True])
-def test_positions_number_the_sample_stream_whatever_the_layout(epochs):
+class _Runs(_Positions):
+    """Rows whose epochs keep runs of neighbours together (a robot video dataset's ``epoch_run``)."""
+
+    epoch_run = 4
+
+
+def _stream(dataset, global_batch: int, dp_size: int, steps: int, consumed: int = 0, workers: int = 0,
+            epochs_seed: int | None = None) -> list[tuple[int, int]]:
+    """(row, position) of every sample of ``steps`` global batches, gathered over ``dp_size`` ranks."""
     from longboat.data.loader import EpochOrder
 
+    order = EpochOrder(global_batch=global_batch, seed=epochs_seed) if epochs_seed is not None else None
+    loaders = [ResumableLoader(dataset, global_batch // dp_size, rank, dp_size, num_workers=workers,
+                               consumed=consumed, epochs=order) for rank in range(dp_size)]
+    out = []
+    for _ in range(steps):
+        batches = [next(loader) for loader in loaders]
+        out += [(int(r), int(p)) for b in batches for r, p in zip(b["row"], b["position"])]
+    return out
+
+
+@pytest.mark.parametrize("epochs", [False, True])
+def test_positions_number_the_sample_stream_whatever_the_layout(epochs):
     def stream(dp_size, consumed=0, steps=4):
-        loaders = []
-        for rank in range(dp_size):
-            loader = ResumableLoader(_Positions(), 4 // dp_size, rank, dp_size, num_workers=0, consumed=consumed,
-                                     epochs=EpochOrder(global_batch=4, seed=3) if epochs else None)
-            loaders.append(loader)
-        out = []
-        for _ in range(steps):
-            batches = [next(loader) for loader in loaders]
-            out += [(int(r), int(p)) for b in batches for r, p in zip(b["row"], b["position"])]
-        return out
+        return _stream(_Positions(), 4, dp_size, steps, consumed, epochs_seed=3 if epochs else None)
 
     one = stream(1)
     assert [p for _, p in one] == list(range(16))  # the position is the sample's place in the job's stream
     assert stream(2) == one  # the same rows at the same positions on two ranks
     assert stream(1, consumed=8, steps=2) == one[8:]  # and after a resume
-
-
-class _Runs(torch.utils.data.Dataset):
-    """Rows whose epochs keep runs of neighbours together (a robot video dataset's ``epoch_run``)."""
-
-    positioned = True
-    epoch_run = 4
-
-    def __len__(self):
-        return 42
-
-    def __getitem__(self, key):
-        row, position = key
-        return {"row": torch.tensor(row), "position": torch.tensor(position)}
 
 
 def test_epoch_runs_are_shuffled_permutations_of_aligned_neighbour_runs():
@@ -118,16 +119,8 @@ def test_epoch_runs_are_shuffled_permutations_of_aligned_neighbour_runs():
 
 
 def test_epoch_runs_resume_exactly_with_workers_and_ranks():
-    from longboat.data.loader import EpochOrder
-
     def stream(dp_size, consumed=0, steps=8, workers=0):
-        loaders = [ResumableLoader(_Runs(), 8 // dp_size, rank, dp_size, num_workers=workers, consumed=consumed,
-                                   epochs=EpochOrder(global_batch=8, seed=1)) for rank in range(dp_size)]
-        out = []
-        for _ in range(steps):
-            batches = [next(loader) for loader in loaders]
-            out += [(int(r), int(p)) for b in batches for r, p in zip(b["row"], b["position"])]
-        return out
+        return _stream(_Runs(42), 8, dp_size, steps, consumed, workers, epochs_seed=1)
 
     one = stream(1)
     rows = [r for r, _ in one]
