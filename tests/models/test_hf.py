@@ -149,7 +149,7 @@ def test_missing_extra_and_misshapen_tensors(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, change, message", [
-    ("llama", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=2.0)), "rope_type 'yarn'"),
+    ("llama", dict(rope_parameters=dict(rope_type="longrope", rope_theta=1e4, factor=2.0)), "rope_type 'longrope'"),
     ("llama", dict(rope_scaling=dict(type="dynamic", factor=2.0), rope_parameters=None), "rope_type 'dynamic'"),
     ("llama", dict(attention_bias=True), "attention_bias=True"),
     ("llama", dict(mlp_bias=True), "mlp_bias=True"),

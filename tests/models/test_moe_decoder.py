@@ -185,10 +185,12 @@ def test_config_errors():
         tiny_moe(kv_lora_rank=16)
     with pytest.raises(ConfigError, match="tensor parallelism supports dense"):
         check_tensor_parallel(tiny_moe(), 2)
-    with pytest.raises(HFConversionError, match="rope_type 'yarn'"):
-        hf = deepseek_v3(16).to_dict()
-        hf["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0}
-        get_hf_adapter("deepseek_v3").config_from_hf(hf)
+    llama3 = dict(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=16)
+    with pytest.raises(HFConversionError, match="deepseek_v3 exports support only yarn rope_scaling, not 'llama3'"):
+        get_hf_adapter("deepseek_v3").config_to_hf(tiny_moe(
+            attention="mla", kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+            rope_scaling=llama3, moe=tiny_moe().moe.model_dump() | dict(score_func="sigmoid", use_expert_bias=True)))
     with pytest.raises(HFConversionError, match="mixtral has experts in every layer"):
         get_hf_adapter("mixtral").config_to_hf(tiny_moe(moe=dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=8)))
 

@@ -11,22 +11,52 @@ from longboat.config.base import StrictModel
 from longboat.models.moe.config import MoEConfig
 
 
-class RopeScaling(StrictModel):
-    """Llama-3.1 RoPE frequency scaling: long wavelengths are stretched by ``factor``, short ones kept."""
+_LLAMA3_FIELDS = ("low_freq_factor", "high_freq_factor")
+_YARN_FIELDS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
-    type: Literal["llama3"] = "llama3"
+
+class RopeScaling(StrictModel):
+    """RoPE frequency scaling for contexts beyond the pretraining length ``original_max_position_embeddings``.
+
+    ``llama3`` (Llama 3.1): long wavelengths are stretched by ``factor``, short ones kept, the band between
+    blended. ``yarn`` (YaRN; Qwen, DeepSeek-V3): dimensions that turn fewer than ``beta_slow`` times over the
+    original context are interpolated by ``factor``, those turning more than ``beta_fast`` times are kept, with
+    a linear ramp between; cos/sin are multiplied by ``attention_factor`` (by default derived from ``factor``,
+    ``mscale`` and ``mscale_all_dim``), and multi-head latent attention also multiplies its softmax scale by
+    mscale(factor, mscale_all_dim)^2. Unset yarn fields take transformers' defaults.
+    """
+
+    type: Literal["llama3", "yarn"] = "llama3"
     factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
     original_max_position_embeddings: int = Field(gt=0)
+    low_freq_factor: float | None = Field(default=None, gt=0)
+    high_freq_factor: float | None = Field(default=None, gt=0)
+    beta_fast: float | None = Field(default=None, gt=0)  # None: 32
+    beta_slow: float | None = Field(default=None, gt=0)  # None: 1
+    mscale: float | None = Field(default=None, ge=0)
+    mscale_all_dim: float | None = Field(default=None, ge=0)
+    attention_factor: float | None = Field(default=None, gt=0)
+    truncate: bool | None = None  # None: True (correction range rounded outwards to whole dimensions)
 
     @model_validator(mode="after")
     def _check(self) -> RopeScaling:
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
-                f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must be greater than "
-                f"low_freq_factor ({self.low_freq_factor})"
-            )
+        own, other = (_LLAMA3_FIELDS, _YARN_FIELDS) if self.type == "llama3" else (_YARN_FIELDS, _LLAMA3_FIELDS)
+        stray = [k for k in other if getattr(self, k) is not None]
+        if stray:
+            raise ValueError(f"rope_scaling.{stray[0]} does not apply to type {self.type!r} "
+                             f"(its fields: factor, original_max_position_embeddings, {', '.join(own)})")
+        if self.type == "llama3":
+            missing = [k for k in _LLAMA3_FIELDS if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"rope_scaling.{missing[0]} is required with type 'llama3'")
+            if self.high_freq_factor <= self.low_freq_factor:
+                raise ValueError(
+                    f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must be greater than "
+                    f"low_freq_factor ({self.low_freq_factor})"
+                )
+        elif (self.beta_fast or 32) <= (self.beta_slow or 1):
+            raise ValueError(f"rope_scaling.beta_fast ({self.beta_fast or 32}) must be greater than "
+                             f"beta_slow ({self.beta_slow or 1})")
         return self
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from longboat.models.llm.cache import StaticCache, chunk_attention_mask
 from longboat.models.llm.config import DecoderConfig
-from longboat.models.llm.rope import apply_rope
+from longboat.models.llm.rope import apply_rope, softmax_scale_factor
 
 # DeepSeek's reference code builds the latent norms with a fixed eps, independent of rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -51,7 +51,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_rank = cfg.kv_lora_rank
         self.interleaved = cfg.rope_interleave
         qk_dim = self.nope_dim + self.rope_dim
-        self.scale = qk_dim**-0.5
+        self.scale = qk_dim**-0.5 * softmax_scale_factor(cfg.rope_scaling)  # YaRN's mscale_all_dim
         if cfg.q_lora_rank is None:
             self.q_proj = nn.Linear(cfg.d_model, h * qk_dim, bias=False)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoFormer) with optional Llama-3.1 frequency scaling.
+"""Rotary position embeddings (RoFormer) with optional Llama-3.1 or YaRN frequency scaling.
 
 The rotation pairs dimension i with i + head_dim/2 (the "rotate half" layout used by HF checkpoints),
 so Llama/Qwen weights load without permuting wq/wk.
@@ -14,10 +14,12 @@ from longboat.models.llm.config import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
-    """theta^(-2i/d) for i < d/2, optionally rescaled as in Llama 3.1."""
+    """theta^(-2i/d) for i < d/2, optionally rescaled as in Llama 3.1 or YaRN."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     if scaling is None:
         return inv_freq
+    if scaling.type == "yarn":
+        return _yarn_frequencies(head_dim, theta, scaling)
     old_len = scaling.original_max_position_embeddings
     wavelen = 2 * math.pi / inv_freq
     # Long wavelengths (> old_len / low_freq_factor) are divided by the factor, short ones
@@ -29,17 +31,59 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     return torch.where(medium, blended, scaled)
 
 
+def _yarn_frequencies(head_dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN's "NTK-by-parts": frequency pairs that rotate more than beta_fast times over the original context keep
+    their frequency, those rotating fewer than beta_slow times are divided by the factor, a linear ramp between."""
+
+    def dim_of(rotations: float) -> float:  # the (fractional) pair index that rotates ``rotations`` times
+        return head_dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(s.beta_fast or 32), dim_of(s.beta_slow or 1)
+    if s.truncate is not False:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a step instead of a ramp, without dividing by zero
+    kept = 1 - ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    powers = theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    return 1.0 / (s.factor * powers) * (1 - kept) + 1.0 / powers * kept
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def attention_factor(scaling: RopeScaling | None) -> float:
+    """What YaRN multiplies cos and sin by (so q·k of the rotated parts by its square); 1 without YaRN."""
+    if scaling is None or scaling.type != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    if scaling.mscale and scaling.mscale_all_dim:
+        return _yarn_mscale(scaling.factor, scaling.mscale) / _yarn_mscale(scaling.factor, scaling.mscale_all_dim)
+    return _yarn_mscale(scaling.factor)
+
+
+def softmax_scale_factor(scaling: RopeScaling | None) -> float:
+    """DeepSeek's YaRN correction of the attention softmax scale, mscale(factor, mscale_all_dim)^2; 1 otherwise."""
+    if scaling is None or scaling.type != "yarn" or not scaling.mscale_all_dim:
+        return 1.0
+    return _yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+
+
 def rope_tables(
     max_len: int, head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin of position × frequency, each [max_len, head_dim] in fp32.
+    """cos and sign-folded sin of position × frequency, each [max_len, head_dim] in fp32, times YaRN's
+    ``attention_factor``.
 
     Dimension i and i + head_dim/2 share a frequency; the sin table is (-sin, sin) so that
     ``apply_rope`` needs one roll instead of splitting, negating and concatenating halves.
     """
     inv_freq = inverse_frequencies(head_dim, theta, scaling).to(device)
     angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
-    cos, sin = angles.cos(), angles.sin()
+    magnitude = attention_factor(scaling)
+    cos, sin = angles.cos() * magnitude, angles.sin() * magnitude
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 

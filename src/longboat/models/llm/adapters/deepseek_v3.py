@@ -1,9 +1,9 @@
 """DeepSeek-V3 checkpoints: multi-head latent attention, sigmoid group-limited experts with a selection bias,
 shared experts, and dense feed-forwards in the first ``first_k_dense_replace`` layers.
 
-Not supported: YaRN rope scaling (refused by name, as the published V3 config uses it for 128K contexts; drop
-``rope_scaling`` to run at the original 4K), FP8 block-quantised weights, and the multi-token-prediction layers
-stored after the last decoder layer.
+YaRN rope scaling (the published V3 config's 128K context) is carried both ways, with its ``mscale_all_dim``
+correction of the attention softmax scale. Not supported: FP8 block-quantised weights, and the
+multi-token-prediction layers stored after the last decoder layer.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class DeepseekV3Adapter(MoEAdapter):
     def config_to_hf(self, cfg) -> dict:
         if cfg.attention != "mla":
             raise HFConversionError("deepseek_v3 has multi-head latent attention; this model has attention='gqa'")
-        if cfg.rope_scaling is not None:
-            raise HFConversionError("deepseek_v3 exports support no rope_scaling (llama3 scaling is not DeepSeek's)")
+        if cfg.rope_scaling is not None and cfg.rope_scaling.type != "yarn":
+            raise HFConversionError(f"deepseek_v3 exports support only yarn rope_scaling, not {cfg.rope_scaling.type!r}")
         self._require_moe(cfg, score_func="sigmoid", use_expert_bias=True, shared_expert_gate=False)
         k = len(cfg.dense_layers)
         if cfg.dense_layers != list(range(k)):

@@ -147,6 +147,13 @@ def reject(hf: dict, key: str, allowed: Callable[[object], bool], why: str = "")
         raise HFConversionError(f"config.json {key}={hf[key]!r} is not supported{': ' + why if why else ''}")
 
 
+_ROPE_KEYS = {
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+             "attention_factor", "truncate"),
+}
+
+
 def rope_from_hf(hf: dict) -> dict:
     """``rope_theta`` and ``rope_scaling`` fields from either the v5 ``rope_parameters`` or the older keys."""
     params = dict(hf.get("rope_parameters") or {})
@@ -159,13 +166,18 @@ def rope_from_hf(hf: dict) -> dict:
         if params:
             raise HFConversionError(f"config.json rope parameters {params} are not supported with rope_type default")
         return out
-    if kind != "llama3":
-        raise HFConversionError(f"config.json rope_type {kind!r} is not supported (supported: default, llama3)")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    if kind not in _ROPE_KEYS:
+        raise HFConversionError(f"config.json rope_type {kind!r} is not supported (supported: default, "
+                                f"{', '.join(_ROPE_KEYS)})")
+    keys = _ROPE_KEYS[kind]
     extra = sorted(set(params) - set(keys))
     if extra:
-        raise HFConversionError(f"config.json llama3 rope parameters {extra} are not supported")
-    out["rope_scaling"] = {"type": "llama3", **{k: params[k] for k in keys}}
+        raise HFConversionError(f"config.json {kind} rope parameters {extra} are not supported")
+    scaling = {k: params[k] for k in keys if params.get(k) is not None}
+    if kind == "yarn":  # transformers' defaults: the original length is the model's, the factor their ratio
+        scaling.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+        scaling.setdefault("factor", hf["max_position_embeddings"] / scaling["original_max_position_embeddings"])
+    out["rope_scaling"] = {"type": kind, **scaling}
     return out
 
 
@@ -173,7 +185,5 @@ def rope_to_hf(cfg) -> dict:
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
-        rope |= {"rope_type": s.type, "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-                 "high_freq_factor": s.high_freq_factor,
-                 "original_max_position_embeddings": s.original_max_position_embeddings}
+        rope |= {"rope_type": s.type, **{k: getattr(s, k) for k in _ROPE_KEYS[s.type] if getattr(s, k) is not None}}
     return {"rope_parameters": rope}
