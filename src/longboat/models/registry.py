@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import yaml
 from torch import nn
@@ -26,6 +26,7 @@ class HFInterop(Protocol):
     def load(self, hf_dir: str | Path, dtype: str | None = None) -> tuple: ...  # (model, cfg, family, files)
     def config_fields(self, hf_dir: str | Path) -> dict: ...  # config.json -> fields of the spec's config
     def read_weights(self, hf_dir: str | Path, cfg: Any) -> dict: ...  # our state dict, our names
+    def stream_weights(self, hf_dir: str | Path, cfg: Any) -> Iterator[dict]: ...  # the same, a group at a time
     def export_family(self, cfg: Any, requested: bool | str, source: str | Path | None) -> str: ...
     def tensor_name(self, family: str, name: str) -> str | None: ...  # ours -> the family's, None: no counterpart
     def save(self, weights: Any, family: str, out: str | Path, cfg: Any, tokenizer_dir: str | Path | None = None,

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from longboat.checkpoint.export import save_export
 from longboat.data.tokenizer import TOKENIZER_FILES
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
 from longboat.distributed import shutdown
+from longboat.distributed.rank0_weights import load_from_rank0
 from longboat.models.lora import apply_lora
 from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
@@ -119,11 +120,12 @@ def _count(n: int) -> str:
 def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun, runtime: Runtime) -> None:
     """Start from an HF checkpoint's weights (a resumed run's checkpoint overrides them later).
 
-    Rank 0 reads the files; under FSDP/TP each rank receives only its own shards by broadcast. The reader checks
-    that every base tensor is there; LoRA adapters, which the checkpoint does not hold, keep their initial values.
+    Rank 0 reads the files one shard file at a time; under FSDP/TP each rank receives only its own shards by
+    broadcast. The reader checks that every base tensor is there before any is sent; LoRA adapters, which the
+    checkpoint does not hold, keep their initial values.
     """
-    state = resolved.spec.hf.read_weights(hf_dir, resolved.model) if runtime.rank == 0 else {}
-    _broadcast_weights(model, state, runtime, strict=resolved.cfg.lora is None)
+    groups = resolved.spec.hf.stream_weights(hf_dir, resolved.model) if runtime.rank == 0 else None
+    load_from_rank0(model, groups, runtime.distributed)
     console.print(f"weights from {hf_dir}")
 
 
@@ -131,15 +133,9 @@ def _load_initial_weights(model: torch.nn.Module, resolved: ResolvedRun, runtime
     """Start the parameters the spec's ``initial_weights`` cover from them (e.g. a VLA's pretrained backbone),
     the rest as initialised; a resumed run's checkpoint overrides them later."""
     weights = resolved.spec.initial_weights
-    state = weights.read(resolved.model) if runtime.rank == 0 else {}
-    _broadcast_weights(model, state, runtime, strict=False)
+    groups = [weights.read(resolved.model)] if runtime.rank == 0 else None
+    load_from_rank0(model, groups, runtime.distributed)
     console.print(f"initial weights from {weights.source(resolved.model)}")
-
-
-def _broadcast_weights(model: torch.nn.Module, state: dict, runtime: Runtime, strict: bool) -> None:
-    """Load a full state dict held by rank 0; under FSDP/TP each rank receives only its own shards by broadcast."""
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=runtime.distributed, strict=strict)
-    set_model_state_dict(model, state, options=options)
 
 
 def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_family: str | None, ema: bool) -> None:

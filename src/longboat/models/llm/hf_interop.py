@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from longboat.models.llm.config import DecoderConfig
 
@@ -33,6 +33,12 @@ class DecoderHF:
         from longboat.models.llm.hf import get_hf_adapter, read_hf_config, read_hf_weights
 
         return read_hf_weights(hf_dir, get_hf_adapter(read_hf_config(hf_dir).get("model_type")), cfg)
+
+    def stream_weights(self, hf_dir: str | Path, cfg: DecoderConfig) -> Iterator[dict]:
+        """``read_weights`` one shard file at a time: the tensors each file completes, as stored."""
+        from longboat.models.llm.hf import HFWeights, get_hf_adapter, read_hf_config
+
+        yield from HFWeights(hf_dir, get_hf_adapter(read_hf_config(hf_dir).get("model_type")), cfg).groups()
 
     def export_family(self, cfg: DecoderConfig, requested: bool | str, source: str | Path | None) -> str:
         """The family named, else the HF source's, else the one the config implies; checked to fit ``cfg``."""

@@ -178,10 +178,19 @@ class Decoder(nn.Module):
         self.norm.reset_parameters()
         if self.output is not None:
             nn.init.normal_(self.output.weight, std=std)
-        cfg, device = self.cfg, self.rope_cos.device
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Recompute the buffers no checkpoint holds (RoPE tables, MoE load counts) on the weights' device: what a
+        model built on the meta device needs once its weights are assigned."""
+        cfg, device = self.cfg, self.tok_embeddings.weight.device
         self.rope_cos, self.rope_sin = rope_tables(
             cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, device=device
         )
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.load_since_update = torch.zeros_like(module.load_since_update, device=device)
 
     def make_cache(
         self, batch: int, max_len: int, dtype: torch.dtype | None = None, device: torch.device | None = None

@@ -12,6 +12,7 @@ from longboat.models.llm.hf.adapter import (
     rope_from_hf,
     rope_to_hf,
 )
+from longboat.models.llm.hf.stream import HFWeights
 from longboat.models.llm.hf.io import (
     GENERATION_CONFIG,
     HF_CONFIG,
@@ -32,7 +33,7 @@ from longboat.models.llm.hf.io import (
 
 __all__ = [
     "GENERATION_CONFIG", "HF_CONFIG", "SIDE_FILES", "SINGLE_WEIGHTS", "WEIGHTS_INDEX",
-    "HFAdapter", "HFConversionError", "NameMap", "check_hf_tensors", "get_hf_adapter", "hf_config_fields",
+    "HFAdapter", "HFConversionError", "HFWeights", "NameMap", "check_hf_tensors", "get_hf_adapter", "hf_config_fields",
     "hf_families", "hf_model_config", "infer_family", "load_hf_model", "parse_size", "read_hf_config",
     "read_hf_state_dict", "read_hf_weights", "register_hf_adapter", "reject", "resolve_dtype", "rope_from_hf",
     "rope_to_hf", "save_hf_model",

@@ -1,6 +1,7 @@
 """Hugging Face checkpoint directories: config.json and safetensors (single or sharded) read and written.
 
-Entry points: ``load_hf_model(dir, dtype=None) -> (model, cfg, family)`` and
+Entry points: ``load_hf_model(dir, dtype=None) -> (model, cfg, family)`` (built on the meta device and filled
+shard file by shard file, ``stream.HFWeights``) and
 ``save_hf_model(model, family, out_dir, dtype=None, tokenizer_dir=None, max_shard_size="5GB", *, cfg=None,
 overwrite=None, sources=())``. Readers name the file at fault (config.json that is not JSON or lacks a key,
 a truncated safetensors file); writers never delete what they should not (``longboat.utils.outputs``).
@@ -17,17 +18,25 @@ from typing import Sequence
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from longboat.errors import LongboatError
 from longboat.models.llm.hf.adapter import HFAdapter, HFConversionError, get_hf_adapter
+from longboat.models.llm.hf.stream import (
+    SINGLE_WEIGHTS,
+    WEIGHTS_INDEX,
+    HFWeights,
+    check_hf_tensors,
+    open_shard,
+    read_json,
+    shard_error,
+    shard_files,
+)
 from longboat.utils.outputs import staged_output
 
 HF_CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
-SINGLE_WEIGHTS = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 # Carried between HF directories and our exports untouched.
 SIDE_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
@@ -40,18 +49,7 @@ def read_hf_config(hf_dir: str | os.PathLike) -> dict:
     path = Path(hf_dir) / HF_CONFIG
     if not path.is_file():
         raise HFConversionError(f"{hf_dir}: not a Hugging Face checkpoint (no {HF_CONFIG})")
-    return _read_json(path)
-
-
-def _read_json(path: Path) -> dict:
-    """A JSON object from ``path``; an error naming the file when it is unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFConversionError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise HFConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json(path)
 
 
 def _config_from_hf(adapter: HFAdapter, hf: dict, hf_dir: str | os.PathLike) -> dict:
@@ -70,27 +68,13 @@ def _config_from_hf(adapter: HFAdapter, hf: dict, hf_dir: str | os.PathLike) -> 
 
 def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every tensor of ``model.safetensors`` or of the shards ``model.safetensors.index.json`` names."""
-    hf_dir = Path(hf_dir)
-    if (hf_dir / WEIGHTS_INDEX).is_file():
-        weight_map = _read_json(hf_dir / WEIGHTS_INDEX).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise HFConversionError(f"{hf_dir / WEIGHTS_INDEX}: no weight_map of tensor names to shard files")
-        files = sorted(set(weight_map.values()))
-    elif (hf_dir / SINGLE_WEIGHTS).is_file():
-        files = [SINGLE_WEIGHTS]
-    else:
-        raise HFConversionError(f"{hf_dir}: no {SINGLE_WEIGHTS} or {WEIGHTS_INDEX}")
     state = {}
-    for name in files:
-        if not (hf_dir / name).is_file():
-            raise HFConversionError(f"{hf_dir}: shard {name} named by {WEIGHTS_INDEX} is missing")
-        try:
-            with safe_open(str(hf_dir / name), framework="pt") as f:
-                for key in f.keys():
-                    state[key] = f.get_tensor(key)
-        except (SafetensorError, OSError) as e:
-            raise HFConversionError(f"{hf_dir / name}: not a readable safetensors file (truncated or corrupt: "
-                                    f"{e})") from None
+    for path in shard_files(hf_dir):
+        with open_shard(path) as f:
+            try:
+                state.update((key, f.get_tensor(key)) for key in f.keys())
+            except (SafetensorError, OSError) as e:
+                raise shard_error(path, e) from None
     return state
 
 
@@ -114,15 +98,24 @@ def parse_size(size: int | str) -> int:
 
 
 def load_hf_model(hf_dir: str | os.PathLike, dtype: str | torch.dtype | None = None):
-    """Build our model from an HF directory: ``(model, cfg, family)``; dtype preserved unless given."""
+    """Build our model from an HF directory: ``(model, cfg, family)``; dtype preserved unless given.
+
+    The model is built on the meta device and each tensor assigned, already in the target dtype, once the shard
+    file completing it has been read: the import holds one copy of the weights plus one shard file's buffers.
+    """
     from longboat.models import get_model
 
     adapter, cfg = hf_model_config(hf_dir)
-    state = read_hf_weights(hf_dir, adapter, cfg)
-    model = get_model(adapter.arch).build(cfg)
-    model.load_state_dict(state, strict=True)
-    target = resolve_dtype(dtype) or _stored_dtype(state)
-    return model.to(target).eval(), cfg, adapter.model_type
+    weights = HFWeights(hf_dir, adapter, cfg)
+    with torch.device("meta"):
+        model = get_model(adapter.arch).build(cfg)
+    for group in weights.groups(resolve_dtype(dtype) or weights.stored_dtype):
+        model.load_state_dict(group, strict=False, assign=True)
+    left = [name for name, t in model.state_dict().items() if t.is_meta]
+    if left:
+        raise HFConversionError(f"{adapter.model_type} checkpoint {hf_dir} left tensors unfilled: {left[:5]}")
+    model.init_buffers()  # the RoPE tables and counters no checkpoint holds, still on the meta device
+    return model.eval(), cfg, adapter.model_type
 
 
 def hf_config_fields(hf_dir: str | os.PathLike) -> tuple[str, dict]:
@@ -145,41 +138,8 @@ def hf_model_config(hf_dir: str | os.PathLike):
 
 
 def read_hf_weights(hf_dir: str | os.PathLike, adapter: HFAdapter, cfg) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors under our names, checked against the model ``cfg`` describes (built on meta)."""
-    from longboat.models import get_model
-
-    model_cls = get_model(adapter.arch).module
-    with torch.device("meta"):
-        reference = model_cls(cfg).state_dict()
-    state = read_hf_state_dict(hf_dir)
-    check_hf_tensors(adapter, cfg, reference, state)
-    return adapter.state_dict_from_hf(state, cfg)
-
-
-def check_hf_tensors(adapter: HFAdapter, cfg, ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> None:
-    """Name every missing tensor, unexpected tensor and shape mismatch of an HF state dict against our model."""
-    expected = {k: tuple(v.shape) for k, v in adapter.state_dict_to_hf(ours, cfg).items()}
-    drop = [r"lm_head\.weight"] if getattr(cfg, "tie_embeddings", False) else []
-    got = {k: tuple(v.shape) for k, v in theirs.items()
-           if not any(re.fullmatch(p, k) for p in (*adapter.ignored_hf_tensors, *drop))}
-    missing, unexpected = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
-    if missing or unexpected:
-        raise HFConversionError(
-            f"{adapter.model_type} checkpoint does not match its config.json: "
-            f"missing tensors {_short(missing)}, unexpected tensors {_short(unexpected)}"
-        )
-    wrong = [f"{k}: checkpoint {got[k]}, config.json implies {expected[k]}" for k in expected if got[k] != expected[k]]
-    if wrong:
-        raise HFConversionError(f"shape mismatch: {'; '.join(wrong[:5])}" + (" ..." if len(wrong) > 5 else ""))
-
-
-def _short(names: list[str], limit: int = 8) -> str:
-    return "[" + ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "") + "]"
-
-
-def _stored_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
-    floats = [v.dtype for v in state.values() if v.is_floating_point()]
-    return max(set(floats), key=floats.count) if floats else torch.float32
+    """The checkpoint's tensors under our names, as stored, checked against the model ``cfg`` describes."""
+    return {name: t for group in HFWeights(hf_dir, adapter, cfg).groups() for name, t in group.items()}
 
 
 def save_hf_model(
@@ -243,7 +203,7 @@ def _special_token_ids(tokenizer_dir: str | os.PathLike | None) -> dict:
         return {}
     gen = Path(tokenizer_dir) / GENERATION_CONFIG
     if gen.is_file():
-        data = _read_json(gen)
+        data = read_json(gen)
         return {k: data[k] for k in ("bos_token_id", "eos_token_id") if data.get(k) is not None}
     if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         return {}
