@@ -36,7 +36,8 @@ def _yarn_frequencies(head_dim: int, theta: float, s: RopeScaling) -> torch.Tens
     their frequency, those rotating fewer than beta_slow times are divided by the factor, a linear ramp between."""
 
     def dim_of(rotations: float) -> float:  # the (fractional) pair index that rotates ``rotations`` times
-        return head_dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        ratio = s.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return head_dim * math.log(ratio) / (2 * math.log(theta))
 
     low, high = dim_of(s.beta_fast or 32), dim_of(s.beta_slow or 1)
     if s.truncate is not False:

@@ -67,7 +67,8 @@ class DeepseekV3Adapter(MoEAdapter):
         if cfg.attention != "mla":
             raise HFConversionError("deepseek_v3 has multi-head latent attention; this model has attention='gqa'")
         if cfg.rope_scaling is not None and cfg.rope_scaling.type != "yarn":
-            raise HFConversionError(f"deepseek_v3 exports support only yarn rope_scaling, not {cfg.rope_scaling.type!r}")
+            raise HFConversionError(
+                f"deepseek_v3 exports support only yarn rope_scaling, not {cfg.rope_scaling.type!r}")
         self._require_moe(cfg, score_func="sigmoid", use_expert_bias=True, shared_expert_gate=False)
         k = len(cfg.dense_layers)
         if cfg.dense_layers != list(range(k)):
