@@ -31,7 +31,7 @@ class ServeConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    benchmark: str = Field(description="runner name: metaworld, fetch")
+    benchmark: str = Field(description="runner name: metaworld, fetch, pusht, a LIBERO suite (libero_spatial, ...)")
     tasks: list[str] = Field(min_length=1)
     episodes: int = Field(default=10, gt=0, description="episodes per task (seeds seed, seed+1, ...)")
     seed: int = Field(default=0, ge=0)
