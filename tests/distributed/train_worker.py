@@ -33,9 +33,20 @@ VOCAB, SEQ, STEPS, GLOBAL_BATCH, SAVE_AT = 128, 16, 12, 4, 6
 # ~1e-6, while the learning rate still moves them by ~0.1.
 LR, ADAM_EPS = 5e-3, 1e-5
 BASE = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+MOE = dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=16)
 MODELS = {
     "tied": dict(BASE, tie_embeddings=True),
     "untied_qk": dict(BASE, tie_embeddings=False, qk_norm=True, qkv_bias=True),
+    # DeepSeek-V3 in small: latent attention, a dense first layer, then sigmoid group-limited routing with a shared
+    # expert, bias balancing and the sequence-wise aux loss.
+    "deepseek": dict(
+        BASE, n_kv_heads=None, attention="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, dense_layers=[0],
+        moe=dict(MOE, n_shared_experts=1, score_func="sigmoid", n_groups=2, topk_groups=1, routed_scaling_factor=2.5,
+                 use_expert_bias=True, aux_loss="sequence"),
+    ),
+    # Qwen3-MoE in small: grouped-query attention with q/k norms, softmax routing in every layer, Switch aux loss.
+    "qwen3moe": dict(BASE, qk_norm=True, moe=dict(MOE, aux_loss="switch", z_loss_coef=1e-3)),
 }
 
 
@@ -64,6 +75,13 @@ CASES = {
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
+    # mixture of experts and latent attention under tensor parallel (test_tp_moe.py)
+    "single_deepseek": Case("deepseek"),
+    "single_qwen3moe": Case("qwen3moe"),
+    "tp_deepseek": Case("deepseek", {"tp": 2}, save_every=SAVE_AT),
+    "tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
+    "fsdp_tp_deepseek": Case("deepseek", {"tp": 2}),
+    "fsdp_tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
 }
 
 

@@ -19,7 +19,6 @@ from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.distributed.tensor
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 from torch.utils.data import Dataset
@@ -29,6 +28,7 @@ from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load
 from longboat.data.loader import EpochOrder, ResumableLoader
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
+from longboat.trainer.grad_norm import clip_grad_norm
 from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.metrics import MetricsWriter
 from longboat.trainer.mfu import cpu_bf16_is_slow, peak_flops
@@ -238,9 +238,7 @@ class Trainer:
             if p.grad is not None:
                 p.grad.mul_(scale)
         max_norm = self.cfg.clip_grad_norm if self.cfg.clip_grad_norm else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_grad_norm(self.model.parameters(), max_norm)
         loss = totals[0].item() / global_count
         finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
