@@ -316,8 +316,9 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         flag = torch.tensor([1.0 if self._stop_signal is not None else 0.0])
-        if self.dp.size > 1 and dist.is_initialized():
-            dist.all_reduce(flag)  # preemption reaches ranks at different moments; stop together
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # Preemption reaches ranks at different moments; all stop together, tensor-parallel ones included.
+            dist.all_reduce(flag)
         return bool(flag.item())
 
     def fit(self) -> FitResult:
