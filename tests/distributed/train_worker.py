@@ -86,7 +86,7 @@ CASES = {
     "tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
     "fsdp_tp_deepseek": Case("deepseek", {"tp": 2}),
     "fsdp_tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
-    "hsdp_tp_deepseek": Case("deepseek", {"dp_replicate": 2, "tp": 2}),  # 8 ranks
+    "hsdp_tp": Case("tied", {"dp_replicate": 2, "tp": 2}),  # 8 ranks: the smallest model
     "fsdp_from_tp_deepseek": Case("deepseek", resume_from=f"tp_deepseek/checkpoints/step_{SAVE_AT:08d}"),
     "stopped_tp_deepseek": Case("deepseek", {"tp": 2}, slow_from=3),  # stopped by SIGTERM to torchrun
     "single_from_stopped": Case("deepseek", resume_from="stopped_tp_deepseek/checkpoints"),

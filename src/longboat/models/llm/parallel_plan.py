@@ -5,6 +5,10 @@ gathers its input, runs column-parallel in-projections and a row-parallel out-pr
 back onto the sequence. Norms run on sequence shards with replicated weights. Only ``longboat.distributed``
 applies the plan; the model stays plain single-device PyTorch.
 
+Multi-head latent attention splits its heads the same way around a replicated latent; a mixture of experts keeps its
+router and routed experts replicated (every rank runs the gathered sequence; splitting experts is expert
+parallelism's job) and splits only its shared experts. Modules without an entry stay plain, replicated tensors.
+
 The head reads ``output_weight`` with ``F.linear`` (tied or not), so the logits come out as a DTensor sharded over
 the vocabulary; the root entry ``""`` gathers them into an ordinary tensor for the loss. Tied embeddings work
 because the embedding (row-wise) and a column-wise head both shard the ``[vocab, d_model]`` table on dim 0.
