@@ -1,6 +1,6 @@
 """``backend: ray`` on a local Ray instance: the same episodes and outcomes as the local backend, the results file
 written by this process alone (videos included), resume, a crashed worker's episodes run again, and an episode's
-error reported with its task and seed."""
+error reported with its task and seed; without Ray, a one-line error before any work."""
 
 import json
 import os
@@ -9,19 +9,19 @@ import sys
 import pytest
 import ray
 
+from longboat.config.base import ConfigError
 from longboat.eval.config import EvalConfig
 from longboat.eval.episodes import EvalError
 from longboat.eval.orchestrator import run_eval
 from longboat.eval.results import read_results
 from longboat.eval.runners import RUNNERS
-from longboat.eval.runners.sim import MetaWorldRunner
+from longboat.eval.runners.sim import PushTRunner
 from tests.eval.conftest import random_server
 
-pytestmark = pytest.mark.slow
 
 SEEDS = [0, 1, 2, 3, 4]
-STATE = {"observation.state": [39]}  # Meta-World's state as the simulator gives it
-BASE = {"benchmark": "metaworld", "tasks": ["reach-v3"], "seeds": SEEDS, "num_envs": 2, "max_steps": 12,
+STATE = {"observation.state": [5]}  # Push-T's state as the simulator gives it
+BASE = {"benchmark": "pusht", "tasks": ["push_t"], "seeds": SEEDS, "num_envs": 2, "max_steps": 12,
         "observation": {}, "videos_per_task": 1, "video_size": 16,
         "ray": {"episodes_per_runner": 2}}  # three Ray tasks on two CPUs
 
@@ -35,7 +35,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def server():
-    with random_server(policy={"observation": STATE, "action_dim": 4, "horizon": 5}) as (_, port):
+    with random_server(policy={"observation": STATE, "action_dim": 2, "horizon": 5}) as (_, port):
         yield f"ws://127.0.0.1:{port}"
 
 
@@ -62,16 +62,18 @@ def _assert_same(outcomes: dict, expected: dict) -> None:
         assert outcomes[key][:2] == (success, length) and outcomes[key][2] == pytest.approx(reward, rel=1e-4), key
 
 
+@pytest.mark.slow
 def test_ray_runs_the_same_episodes_as_local_into_one_results_file(cluster, server, local_run, tmp_path):
     summary = run_eval(_config(server, tmp_path, backend="ray"), progress=False)
     _assert_same(_outcomes(tmp_path), _outcomes(local_run))
-    assert summary["tasks"]["reach-v3"]["episodes"] == len(SEEDS)
+    assert summary["tasks"]["push_t"]["episodes"] == len(SEEDS)
     assert summary["this_run_timing"]["vector_steps"] > 0
     # The video of the first seed came back from its Ray task and was written here.
     [video] = [e["video"] for e in read_results(tmp_path / "results.jsonl") if e["video"]]
-    assert video == "videos/reach-v3/seed0.mp4" and (tmp_path / video).stat().st_size > 0
+    assert video == "videos/push_t/seed0.mp4" and (tmp_path / video).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_ray_resumes_with_only_the_missing_episodes(cluster, server, local_run, tmp_path):
     kept = read_results(local_run / "results.jsonl")[:2]
     for e in kept:
@@ -81,10 +83,10 @@ def test_ray_resumes_with_only_the_missing_episodes(cluster, server, local_run, 
     episodes = read_results(tmp_path / "results.jsonl")
     assert episodes[:2] == kept and all(e["wall_s"] >= 0 for e in episodes[2:])
     _assert_same(_outcomes(tmp_path), _outcomes(local_run))
-    assert summary["tasks"]["reach-v3"]["episodes"] == len(SEEDS)
+    assert summary["tasks"]["push_t"]["episodes"] == len(SEEDS)
 
 
-class CrashOnceRunner(MetaWorldRunner):
+class CrashOnceRunner(PushTRunner):
     """Kills the Ray worker the first time a Ray task builds its envs (as a crash or a lost node would)."""
 
     def __init__(self, spec, marker: str):
@@ -98,13 +100,14 @@ class CrashOnceRunner(MetaWorldRunner):
         return super().make_vector_env(task, num_envs, mode)
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_runs_its_episodes_again(cluster, server, local_run, tmp_path, monkeypatch):
     marker = tmp_path / "crashed"
-    monkeypatch.setitem(RUNNERS, "metaworld_crash_once", lambda spec: CrashOnceRunner(spec, str(marker)))
+    monkeypatch.setitem(RUNNERS, "pusht_crash_once", lambda spec: CrashOnceRunner(spec, str(marker)))
     module = sys.modules[__name__]
     ray.cloudpickle.register_pickle_by_value(module)  # the workers need not import the tests
     try:
-        run_eval(_config(server, tmp_path / "out", benchmark="metaworld_crash_once", backend="ray",
+        run_eval(_config(server, tmp_path / "out", benchmark="pusht_crash_once", backend="ray",
                          videos_per_task=0), progress=False)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(module)
@@ -112,7 +115,15 @@ def test_a_crashed_worker_runs_its_episodes_again(cluster, server, local_run, tm
     _assert_same(_outcomes(tmp_path / "out"), _outcomes(local_run))
 
 
+@pytest.mark.slow
 def test_an_episode_error_in_a_ray_task_names_its_task_and_seed(cluster, tmp_path):
-    with random_server(policy={"observation": {"observation.state": [7]}, "action_dim": 4}) as (_, port):
-        with pytest.raises(EvalError, match=r"reach-v3 seed \d+: .*expected shape \[7\]"):
+    with random_server(policy={"observation": {"observation.state": [3]}, "action_dim": 2}) as (_, port):
+        with pytest.raises(EvalError, match=r"push_t seed \d+: .*expected shape \[3\]"):
             run_eval(_config(f"ws://127.0.0.1:{port}", tmp_path, backend="ray"), progress=False)
+
+
+def test_backend_ray_without_ray_fails_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ConfigError, match=r"^backend: ray needs Ray.*pip install 'longboat\[ray\]'$"):
+        run_eval(_config("ws://127.0.0.1:9", tmp_path / "out", backend="ray"), progress=False)
+    assert not (tmp_path / "out").exists()
