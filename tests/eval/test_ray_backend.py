@@ -23,7 +23,7 @@ SEEDS = [0, 1, 2, 3, 4]
 STATE = {"observation.state": [5]}  # Push-T's state as the simulator gives it
 BASE = {"benchmark": "pusht", "tasks": ["push_t"], "seeds": SEEDS, "num_envs": 2, "max_steps": 12,
         "observation": {}, "videos_per_task": 1, "video_size": 16,
-        "ray": {"episodes_per_runner": 2}}  # three Ray tasks on two CPUs
+        "ray": {"episodes_per_runner": 3}}  # two runners on two CPUs
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_ray_runs_the_same_episodes_as_local_into_one_results_file(cluster, serv
     _assert_same(_outcomes(tmp_path), _outcomes(local_run))
     assert summary["tasks"]["push_t"]["episodes"] == len(SEEDS)
     assert summary["this_run_timing"]["vector_steps"] > 0
-    # The video of the first seed came back from its Ray task and was written here.
+    # The video of the first seed came back from its runner and was written here.
     [video] = [e["video"] for e in read_results(tmp_path / "results.jsonl") if e["video"]]
     assert video == "videos/push_t/seed0.mp4" and (tmp_path / video).stat().st_size > 0
 
@@ -87,7 +87,7 @@ def test_ray_resumes_with_only_the_missing_episodes(cluster, server, local_run, 
 
 
 class CrashOnceRunner(PushTRunner):
-    """Kills the Ray worker the first time a Ray task builds its envs (as a crash or a lost node would)."""
+    """Kills its Ray worker the first time it builds envs (as a crash or a lost node would)."""
 
     def __init__(self, spec, marker: str):
         super().__init__(spec)
@@ -107,8 +107,8 @@ def test_a_crashed_worker_runs_its_episodes_again(cluster, server, local_run, tm
     module = sys.modules[__name__]
     ray.cloudpickle.register_pickle_by_value(module)  # the workers need not import the tests
     try:
-        run_eval(_config(server, tmp_path / "out", benchmark="pusht_crash_once", backend="ray",
-                         videos_per_task=0), progress=False)
+        run_eval(_config(server, tmp_path / "out", benchmark="pusht_crash_once", backend="ray", videos_per_task=0,
+                         ray={"episodes_per_runner": len(SEEDS)}), progress=False)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(module)
     assert marker.exists()
@@ -119,7 +119,8 @@ def test_a_crashed_worker_runs_its_episodes_again(cluster, server, local_run, tm
 def test_an_episode_error_in_a_ray_task_names_its_task_and_seed(cluster, tmp_path):
     with random_server(policy={"observation": {"observation.state": [3]}, "action_dim": 2}) as (_, port):
         with pytest.raises(EvalError, match=r"push_t seed \d+: .*expected shape \[3\]"):
-            run_eval(_config(f"ws://127.0.0.1:{port}", tmp_path, backend="ray"), progress=False)
+            run_eval(_config(f"ws://127.0.0.1:{port}", tmp_path, backend="ray", ray={"episodes_per_runner": 5}),
+                     progress=False)
 
 
 def test_backend_ray_without_ray_fails_before_any_work(tmp_path, monkeypatch):

@@ -33,18 +33,20 @@ class ServeConfig(StrictModel):
 
 
 class RayConfig(StrictModel):
-    """Where ``backend: ray`` runs the episodes and what each Ray task takes. A Ray task runs one task's episodes
-    on its own ``num_envs`` envs with its own clients of the policy server, which the workers must reach: a server
-    the evaluation starts listens on ``serve.host``."""
+    """Where ``backend: ray`` runs the episodes and how. Each runner (a Ray actor) runs batches of one task's
+    episodes on ``num_envs`` envs with clients of the policy server of its own, which the workers must reach: a
+    server the evaluation starts listens on ``serve.host``."""
 
     address: str | None = Field(default=None, description="auto, ray://host:10001 or host:port; null: start a "
                                 "local Ray instance (or use the one this process already started)")
-    cpus_per_runner: float = Field(default=1.0, gt=0, description="CPUs each Ray task reserves (async envs run a "
+    runners: int | None = Field(default=None, gt=0, description="runners at once; null: as many as the "
+                                "cluster's CPUs hold")
+    cpus_per_runner: float = Field(default=1.0, gt=0, description="CPUs each runner reserves (async envs run a "
                                    "process each: num_envs)")
-    episodes_per_runner: int = Field(default=10, gt=0, description="episodes per Ray task: its envs are built once "
-                                     "for them")
-    max_retries: int = Field(default=2, ge=0, description="times a Ray task whose worker died is run again for "
-                             "its episodes not yet written")
+    episodes_per_runner: int = Field(default=10, gt=0, description="episodes a runner is given at a time: its envs "
+                                     "are built once for them")
+    max_retries: int = Field(default=2, ge=0, description="times a batch whose runner died is run again for its "
+                             "episodes not yet written")
 
 
 class EvalConfig(StrictModel):
@@ -56,9 +58,9 @@ class EvalConfig(StrictModel):
     policy: str = Field(description="an export or run directory (served by a managed server), or ws://host:port")
     serve: ServeConfig = Field(default_factory=ServeConfig)
     observation: ObservationConfig | None = None
-    num_envs: int = Field(default=4, gt=0, description="envs stepped together (per Ray task with backend: ray)")
+    num_envs: int = Field(default=4, gt=0, description="envs stepped together (per runner with backend: ray)")
     backend: Literal["local", "ray"] = Field(default="local", description="local: the episodes run in this process; "
-                                             "ray: in Ray tasks on the cluster at ray.address")
+                                             "ray: in Ray actors on the cluster at ray.address")
     ray: RayConfig = Field(default_factory=RayConfig)
     vector: Literal["auto", "sync", "async"] = Field(
         default="auto", description="auto: async (spawned workers) when envs render cameras, else sync")

@@ -1,5 +1,5 @@
 """One task's episodes on a vector env against a policy server: the stepping loop both backends run (the local one
-in the orchestrator's process, the Ray one in each Ray task).
+in the orchestrator's process, the Ray one in each runner actor).
 
 ``num_envs`` environments step together (gymnasium vector envs); the envs that need a new action chunk ask the
 server at the same time (one client each, so the server batches them) and each uses ``replan_steps`` actions of its

@@ -1,8 +1,8 @@
 """``longboat eval``: run every (task, seed) episode of a config against a policy server, append each finished
 episode to ``results.jsonl``, then write ``summary.json`` and ``report.html``.
 
-The episodes run in this process (``backend: local``, one task after another on ``num_envs`` envs) or in Ray tasks
-(``backend: ray``, see ``ray_backend``); either way this process alone writes the output dir: each episode is
+The episodes run in this process (``backend: local``, one task after another on ``num_envs`` envs) or in Ray
+actors (``backend: ray``, see ``ray_backend``); either way this process alone writes the output dir: each episode is
 appended to the results file as it finishes, its video written beside it. A rerun with the same output dir skips
 the episodes already in the results file, whichever backend wrote them. How an episode is stepped: ``episodes``.
 """
@@ -116,7 +116,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
         if todo:
             with ExitStack() as stack:
                 url = _endpoint(cfg, out, stack)
-                # Ray tasks open their own clients; this process needs one only for the policy's metadata.
+                # Ray runners open their own clients; this process needs one only for the policy's metadata.
                 clients = [stack.enter_context(policy_client(cfg, url))
                            for _ in range(cfg.num_envs if cfg.backend == "local" else 1)]
                 meta = clients[0].metadata

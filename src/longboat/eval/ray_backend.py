@@ -1,17 +1,19 @@
-"""``backend: ray``: the episodes run in Ray tasks across a cluster; this process gathers them.
+"""``backend: ray``: the episodes run in Ray actors across a cluster; this process gathers them.
 
-Each task's seeds still to run are cut into Ray tasks of ``ray.episodes_per_runner`` episodes. A Ray task builds
-its own ``num_envs`` envs and policy clients and yields each episode as it finishes (a streaming generator), so the
-orchestrator appends it to the results file at once, as the local backend does; workers never touch the output dir.
-A Ray task whose worker died (a crash, a lost node) runs again for its episodes not yet written, up to
+Each task's seeds still to run are cut into batches of ``ray.episodes_per_runner`` episodes. ``ray.runners`` Ray
+actors (default: as many as the cluster's CPUs hold) take one batch after another; each steps ``num_envs`` envs of
+its own with policy clients of its own and hands over each episode as it finishes (one actor call per episode:
+plain calls also work through Ray Client, ``ray://``, where streaming generators do not), so the orchestrator
+appends it to the results file at once, as the local backend does; workers never touch the output dir. When a
+runner's process dies (a crash, a lost node), its batch's episodes not yet written run again on a new runner, up to
 ``ray.max_retries`` times; an error raised by the episodes themselves stops the evaluation, as it does locally.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -37,17 +39,30 @@ def import_ray():
     return ray
 
 
-def _runner_task(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], video_seeds: set[int], url: str,
-                 replan: int, n_obs: int):
-    """The body of one Ray task: ``seeds`` of ``task`` on envs of its own; yields each finished episode, then the
-    task's ``Timing``."""
-    timing = Timing()
-    n = min(cfg.num_envs, len(seeds))
-    with ExitStack() as stack:
-        clients = [stack.enter_context(policy_client(cfg, url)) for _ in range(n)]
-        pool = stack.enter_context(ThreadPoolExecutor(n, thread_name_prefix="longboat-eval"))
-        yield from run_episodes(cfg, runner, task, seeds, video_seeds, clients, pool, replan, n_obs, timing)
-    yield timing
+class _EpisodeRunner:
+    """A Ray actor that runs batches of episodes, one at a time, on envs of its own, handing over each episode as it
+    finishes. Its process and policy clients serve every batch it is given."""
+
+    def __init__(self, cfg: EvalConfig, runner: Runner, video_seeds: set[int], url: str, replan: int, n_obs: int):
+        self.cfg, self.runner, self.video_seeds, self.replan, self.n_obs = cfg, runner, video_seeds, replan, n_obs
+        self.clients = [policy_client(cfg, url) for _ in range(cfg.num_envs)]
+        self.pool = ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval")
+        self._items = iter(())
+
+    def run(self, task: str, seeds: list[int]) -> FinishedEpisode | Timing | None:
+        """Start the batch ``seeds`` of ``task``; returns its first item, as ``next`` does."""
+        self._items = self._batch(task, seeds)
+        return self.next()
+
+    def next(self) -> FinishedEpisode | Timing | None:
+        """The batch's next episode to finish; after its last, the batch's ``Timing``; then None."""
+        return next(self._items, None)
+
+    def _batch(self, task: str, seeds: list[int]):
+        timing = Timing()
+        yield from run_episodes(self.cfg, self.runner, task, seeds, self.video_seeds, self.clients, self.pool,
+                                self.replan, self.n_obs, timing)
+        yield timing
 
 
 def _connect(ray, cfg: EvalConfig) -> bool:
@@ -75,7 +90,7 @@ def _worker_url(ray, url: str) -> str:
 
 def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], video_seeds: set[int], url: str,
                replan: int, n_obs: int, record: Callable[[FinishedEpisode], None], done: set, timing: Timing) -> None:
-    """Run the ``todo`` seeds of each task in Ray tasks; ``record`` each episode as it arrives (``done``: the
+    """Run the ``todo`` seeds of each task on runners; ``record`` each episode as it arrives (``done``: the
     (task, seed) pairs recorded so far, kept up to date by ``record``)."""
     ray = import_ray()
     from ray.exceptions import RayError, RayTaskError
@@ -83,52 +98,61 @@ def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], vide
     started = _connect(ray, cfg)
     url = _worker_url(ray, url)
     if len(ray.nodes()) > 1 and urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
-        log.warning("the policy server at %s is reachable from this machine only; Ray tasks on other machines will "
+        log.warning("the policy server at %s is reachable from this machine only; runners on other machines will "
                     "not reach it (set serve.host, or a policy URL they reach)", url)
-    job = ray.remote(_runner_task).options(num_returns="streaming", num_cpus=cfg.ray.cpus_per_runner,
-                                           max_retries=0)
-    pending: dict = {}  # streaming generator -> (task, its seeds, runs so far)
-
-    def submit(task: str, seeds: list[int], runs: int) -> None:
-        pending[job.remote(cfg, runner, task, seeds, video_seeds, url, replan, n_obs)] = (task, seeds, runs + 1)
-
+    runner_actor = ray.remote(_EpisodeRunner).options(num_cpus=cfg.ray.cpus_per_runner, max_restarts=0)
     size = cfg.ray.episodes_per_runner
-    for task, seeds in todo.items():
-        for i in range(0, len(seeds), size):
-            submit(task, seeds[i:i + size], 0)
+    batches = deque((task, seeds[i:i + size], 0) for task, seeds in todo.items() for i in range(0, len(seeds), size))
+    fit = int(ray.cluster_resources().get("CPU", 1) // cfg.ray.cpus_per_runner)
+    pending: dict = {}  # the call in flight -> (its actor, task, seeds, runs of this batch so far)
+
+    def assign(actor=None) -> None:
+        """Give the next batch to ``actor`` (a new one when None), or let it go when none is left."""
+        if batches:
+            actor = actor or runner_actor.remote(cfg, runner, video_seeds, url, replan, n_obs)
+            task, seeds, runs = batches.popleft()
+            pending[actor.run.remote(task, seeds)] = (actor, task, seeds, runs + 1)
+        elif actor is not None:
+            ray.kill(actor)  # frees its CPUs
+
+    for _ in range(min(len(batches), cfg.ray.runners or max(1, fit))):
+        assign()
     try:
         while pending:
             [ready], _ = ray.wait(list(pending), num_returns=1)
-            task, seeds, runs = pending.pop(ready)
+            actor, task, seeds, runs = pending.pop(ready)
             try:
-                item = ray.get(next(ready))
-            except StopIteration:
-                continue
+                item = ray.get(ready)
             except RayTaskError as e:
+                ray.kill(actor)
                 left = ", ".join(str(s) for s in seeds if (task, s) not in done)
                 if isinstance(e.cause, EvalError):
                     raise EvalError(str(e.cause)) from None
                 if isinstance(e.cause, LongboatError):
                     raise EvalError(f"{task} seeds {left}: {e.cause}") from None
-                raise EvalError(f"{task} seeds {left}: the Ray task failed: {e}") from None
-            except RayError as e:  # the worker or its node died: the episodes are deterministic, run them again
+                raise EvalError(f"{task} seeds {left}: the runner failed: {e}") from None
+            except RayError as e:  # its process or node died: the episodes are deterministic, run them again
+                ray.kill(actor)
                 left = [s for s in seeds if (task, s) not in done]
-                if not left:
-                    continue
-                if runs > cfg.ray.max_retries:
-                    raise EvalError(f"{task} seeds {', '.join(map(str, left))}: the Ray task failed {runs} times "
+                if left and runs > cfg.ray.max_retries:
+                    raise EvalError(f"{task} seeds {', '.join(map(str, left))}: the runner died {runs} times "
                                     f"({type(e).__name__}: {e})") from None
-                log.warning("%s seeds %s: the Ray task failed (%s); running it again", task,
-                            ", ".join(map(str, left)), type(e).__name__)
-                submit(task, left, runs)
+                if left:
+                    log.warning("%s seeds %s: the runner died (%s); running them again", task,
+                                ", ".join(map(str, left)), type(e).__name__)
+                    batches.appendleft((task, left, runs))
+                assign()
                 continue
-            pending[ready] = (task, seeds, runs)
+            if item is None:
+                assign(actor)
+                continue
+            pending[actor.next.remote()] = (actor, task, seeds, runs)
             if isinstance(item, Timing):
                 timing.add(item)
             else:
                 record(item)
     finally:
-        for generator in pending:
-            ray.cancel(generator, force=True)
+        for actor, *_ in pending.values():
+            ray.kill(actor)
         if started:
             ray.shutdown()
