@@ -116,7 +116,7 @@ def test_a_crashed_worker_runs_its_episodes_again(cluster, server, local_run, tm
 
 
 @pytest.mark.slow
-def test_an_episode_error_in_a_ray_task_names_its_task_and_seed(cluster, tmp_path):
+def test_an_episode_error_on_a_runner_names_its_task_and_seed(cluster, tmp_path):
     with random_server(policy={"observation": {"observation.state": [3]}, "action_dim": 2}) as (_, port):
         with pytest.raises(EvalError, match=r"push_t seed \d+: .*expected shape \[3\]"):
             run_eval(_config(f"ws://127.0.0.1:{port}", tmp_path, backend="ray", ray={"episodes_per_runner": 5}),

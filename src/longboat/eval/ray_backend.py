@@ -44,13 +44,16 @@ class _EpisodeRunner:
     finishes. Its process and policy clients serve every batch it is given."""
 
     def __init__(self, cfg: EvalConfig, runner: Runner, video_seeds: set[int], url: str, replan: int, n_obs: int):
-        self.cfg, self.runner, self.video_seeds, self.replan, self.n_obs = cfg, runner, video_seeds, replan, n_obs
-        self.clients = [policy_client(cfg, url) for _ in range(cfg.num_envs)]
+        self.cfg, self.runner, self.video_seeds, self.url = cfg, runner, video_seeds, url
+        self.replan, self.n_obs = replan, n_obs
+        self.clients: list = []
         self.pool = ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval")
         self._items = iter(())
 
     def run(self, task: str, seeds: list[int]) -> FinishedEpisode | Timing | None:
         """Start the batch ``seeds`` of ``task``; returns its first item, as ``next`` does."""
+        if not self.clients:  # connected here, not in __init__: a server that cannot be reached is a call's error
+            self.clients = [policy_client(self.cfg, self.url) for _ in range(self.cfg.num_envs)]
         self._items = self._batch(task, seeds)
         return self.next()
 
@@ -93,38 +96,49 @@ def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], vide
     """Run the ``todo`` seeds of each task on runners; ``record`` each episode as it arrives (``done``: the
     (task, seed) pairs recorded so far, kept up to date by ``record``)."""
     ray = import_ray()
+    started = _connect(ray, cfg)
+    try:
+        url = _worker_url(ray, url)
+        if len(ray.nodes()) > 1 and urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
+            log.warning("the policy server at %s is reachable from this machine only; runners on other machines "
+                        "will not reach it (set serve.host, or a policy URL they reach)", url)
+        actor = ray.remote(_EpisodeRunner).options(num_cpus=cfg.ray.cpus_per_runner, max_restarts=0)
+        size = cfg.ray.episodes_per_runner
+        batches = deque((t, seeds[i:i + size], 0) for t, seeds in todo.items() for i in range(0, len(seeds), size))
+        _dispatch(ray, cfg, lambda: actor.remote(cfg, runner, video_seeds, url, replan, n_obs), batches, record,
+                  done, timing)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _dispatch(ray, cfg: EvalConfig, new_runner: Callable, batches: deque, record: Callable, done: set,
+              timing: Timing) -> None:
+    """Keep ``ray.runners`` runners busy with ``batches`` (task, seeds, runs so far) until all are done."""
     from ray.exceptions import RayError, RayTaskError
 
-    started = _connect(ray, cfg)
-    url = _worker_url(ray, url)
-    if len(ray.nodes()) > 1 and urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
-        log.warning("the policy server at %s is reachable from this machine only; runners on other machines will "
-                    "not reach it (set serve.host, or a policy URL they reach)", url)
-    runner_actor = ray.remote(_EpisodeRunner).options(num_cpus=cfg.ray.cpus_per_runner, max_restarts=0)
-    size = cfg.ray.episodes_per_runner
-    batches = deque((task, seeds[i:i + size], 0) for task, seeds in todo.items() for i in range(0, len(seeds), size))
-    fit = int(ray.cluster_resources().get("CPU", 1) // cfg.ray.cpus_per_runner)
-    pending: dict = {}  # the call in flight -> (its actor, task, seeds, runs of this batch so far)
+    pending: dict = {}  # the call in flight -> (its runner, task, seeds, runs of this batch so far)
 
-    def assign(actor=None) -> None:
-        """Give the next batch to ``actor`` (a new one when None), or let it go when none is left."""
+    def assign(runner=None) -> None:
+        """Give the next batch to ``runner`` (a new one when None), or let it go when none is left."""
         if batches:
-            actor = actor or runner_actor.remote(cfg, runner, video_seeds, url, replan, n_obs)
+            runner = runner or new_runner()
             task, seeds, runs = batches.popleft()
-            pending[actor.run.remote(task, seeds)] = (actor, task, seeds, runs + 1)
-        elif actor is not None:
-            ray.kill(actor)  # frees its CPUs
+            pending[runner.run.remote(task, seeds)] = (runner, task, seeds, runs + 1)
+        elif runner is not None:
+            ray.kill(runner)  # frees its CPUs
 
-    for _ in range(min(len(batches), cfg.ray.runners or max(1, fit))):
-        assign()
     try:
+        fit = int(ray.cluster_resources().get("CPU", 1) // cfg.ray.cpus_per_runner)
+        for _ in range(min(len(batches), cfg.ray.runners or max(1, fit))):
+            assign()
         while pending:
             [ready], _ = ray.wait(list(pending), num_returns=1)
-            actor, task, seeds, runs = pending.pop(ready)
+            runner, task, seeds, runs = pending.pop(ready)
             try:
                 item = ray.get(ready)
             except RayTaskError as e:
-                ray.kill(actor)
+                ray.kill(runner)
                 left = ", ".join(str(s) for s in seeds if (task, s) not in done)
                 if isinstance(e.cause, EvalError):
                     raise EvalError(str(e.cause)) from None
@@ -132,7 +146,7 @@ def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], vide
                     raise EvalError(f"{task} seeds {left}: {e.cause}") from None
                 raise EvalError(f"{task} seeds {left}: the runner failed: {e}") from None
             except RayError as e:  # its process or node died: the episodes are deterministic, run them again
-                ray.kill(actor)
+                ray.kill(runner)
                 left = [s for s in seeds if (task, s) not in done]
                 if left and runs > cfg.ray.max_retries:
                     raise EvalError(f"{task} seeds {', '.join(map(str, left))}: the runner died {runs} times "
@@ -144,15 +158,13 @@ def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], vide
                 assign()
                 continue
             if item is None:
-                assign(actor)
+                assign(runner)
                 continue
-            pending[actor.next.remote()] = (actor, task, seeds, runs)
+            pending[runner.next.remote()] = (runner, task, seeds, runs)
             if isinstance(item, Timing):
                 timing.add(item)
             else:
                 record(item)
     finally:
-        for actor, *_ in pending.values():
-            ray.kill(actor)
-        if started:
-            ray.shutdown()
+        for runner, *_ in pending.values():
+            ray.kill(runner)
