@@ -23,7 +23,7 @@ SEEDS = [0, 1, 2, 3, 4]
 STATE = {"observation.state": [5]}  # Push-T's state as the simulator gives it
 BASE = {"benchmark": "pusht", "tasks": ["push_t"], "seeds": SEEDS, "num_envs": 2, "max_steps": 12,
         "observation": {}, "videos_per_task": 1, "video_size": 16,
-        "ray": {"episodes_per_runner": 3}}  # two runners on two CPUs
+        "ray": {"episodes_per_runner": 2}}  # three batches for two runners on two CPUs
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_ray_resumes_with_only_the_missing_episodes(cluster, server, local_run, 
     for e in kept:
         e["wall_s"] = -1.0  # a rerun of these episodes would write its own wall time (or fail as a duplicate)
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
-    summary = run_eval(_config(server, tmp_path, backend="ray"), progress=False)
+    summary = run_eval(_config(server, tmp_path, backend="ray", ray={"episodes_per_runner": 3}), progress=False)
     episodes = read_results(tmp_path / "results.jsonl")
     assert episodes[:2] == kept and all(e["wall_s"] >= 0 for e in episodes[2:])
     _assert_same(_outcomes(tmp_path), _outcomes(local_run))
