@@ -34,8 +34,8 @@ class ServeConfig(StrictModel):
 
 class RayConfig(StrictModel):
     """Where ``backend: ray`` runs the episodes and how. Each runner (a Ray actor) runs batches of one task's
-    episodes on ``num_envs`` envs with clients of the policy server of its own, which the workers must reach: a
-    server the evaluation starts listens on ``serve.host``."""
+    episodes on ``num_envs`` envs and policy clients of its own. The workers must reach the policy server: one the
+    evaluation starts listens on ``serve.host``."""
 
     address: str | None = Field(default=None, description="auto, ray://host:10001 or host:port; null: start a "
                                 "local Ray instance (or use the one this process already started)")
