@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import longboat.models.llm.hf.stream as stream
 from longboat.models.llm.hf import HFConversionError, HFWeights, hf_model_config, load_hf_model, read_hf_state_dict
@@ -126,4 +126,13 @@ def test_a_corrupt_shard_is_named_before_any_tensor_is_read(moe_dir, tmp_path):
     shard = sorted(tmp_path.glob("*.safetensors"))[2]
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(HFConversionError, match=f"{shard.name}: not a readable safetensors file"):
+        load_hf_model(tmp_path)
+
+
+def test_an_unsupported_dtype_is_named_with_its_file(moe_dir, tmp_path):
+    shutil.copytree(moe_dir[0], tmp_path, dirs_exist_ok=True)
+    shard = sorted(tmp_path.glob("*.safetensors"))[1]
+    state = {k: v.to(torch.float8_e4m3fn) for k, v in load_file(shard).items()}
+    save_file(state, shard)
+    with pytest.raises(HFConversionError, match=f"{shard.name}: tensor .* has dtype F8_E4M3, which longboat does not"):
         load_hf_model(tmp_path)

@@ -49,4 +49,4 @@ def load_from_rank0(model: torch.nn.Module, groups: Iterable[dict[str, torch.Ten
             return
         if box[0] != "load":
             raise Rank0ReadError(f"rank 0 could not read the weights: {box[0].removeprefix('failed: ')}")
-        set_model_state_dict(model, group or {}, options=options)
+        set_model_state_dict(model, group, options=options)

@@ -105,6 +105,9 @@ class HFWeights:
             with open_shard(path) as f:
                 for name in f.keys():
                     view = f.get_slice(name)
+                    if view.get_dtype() not in _DTYPES:  # e.g. FP8 block-quantised weights
+                        raise HFConversionError(f"{path}: tensor {name} has dtype {view.get_dtype()}, which longboat "
+                                                f"does not import (known: {', '.join(_DTYPES)})")
                     self.headers[name] = torch.empty(view.get_shape(), dtype=_DTYPES[view.get_dtype()], device="meta")
         with torch.device("meta"):
             reference = get_model(adapter.arch).module(cfg).state_dict()
