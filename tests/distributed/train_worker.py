@@ -33,9 +33,23 @@ VOCAB, SEQ, STEPS, GLOBAL_BATCH, SAVE_AT = 128, 16, 12, 4, 6
 # ~1e-6, while the learning rate still moves them by ~0.1.
 LR, ADAM_EPS = 5e-3, 1e-5
 BASE = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+MOE = dict(d_model=32, top_k=2, expert_ffn_dim=16)
 MODELS = {
     "tied": dict(BASE, tie_embeddings=True),
     "untied_qk": dict(BASE, tie_embeddings=False, qk_norm=True, qkv_bias=True),
+    # Qwen3-MoE: softmax top-k over normalised probabilities, every layer MoE; z-loss as the aux term, since
+    # the Switch balance loss of a batch is not the mean of its halves' (under any data parallelism).
+    "qwen3_moe": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, z_loss_coef=1e-3)),
+    "qwen3_moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, capacity_factor=1.0)),
+    # DeepSeek-V3: MLA, a dense first layer, a shared expert, sigmoid scores with group-limited routing, the
+    # aux-loss-free bias (a large rate so that it moves routing within 12 steps) and the sequence-wise loss.
+    "deepseek_v3": dict(
+        BASE, attention="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+        dense_layers=[0], moe=dict(
+            MOE, n_experts=8, n_shared_experts=1, score_func="sigmoid", routed_scaling_factor=2.5, n_groups=4,
+            topk_groups=2, use_expert_bias=True, bias_update_rate=1e-2, aux_loss="sequence", aux_loss_coef=1e-3,
+        ),
+    ),
 }
 
 
@@ -64,6 +78,17 @@ CASES = {
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
+    # expert parallel (test_expert_parallel.py): references in one process, then ep 2, ep 2 × FSDP 2, ep 2 × HSDP
+    "single_qwen3_moe": Case("qwen3_moe"),
+    "single_deepseek_v3": Case("deepseek_v3"),
+    "single_deepseek_v3_from_ep": Case("deepseek_v3", resume_from=f"ep_deepseek_v3/checkpoints/step_{SAVE_AT:08d}"),
+    "ep_qwen3_moe": Case("qwen3_moe", {"ep": 2}),
+    "ep_deepseek_v3": Case("deepseek_v3", {"ep": 2}, save_every=SAVE_AT),
+    "fsdp_capacity": Case("qwen3_moe_capacity"),
+    "ep_capacity": Case("qwen3_moe_capacity", {"ep": 2}),
+    "ep_fsdp_qwen3_moe": Case("qwen3_moe", {"ep": 2}),
+    "ep_fsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2}),
+    "ep_hsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2, "dp_replicate": 2}),
 }
 
 

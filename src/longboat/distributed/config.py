@@ -14,12 +14,15 @@ class ParallelConfig(StrictModel):
 
     The world is ``dp_replicate × dp_shard × tp`` ranks. With ``data_parallel: fsdp``, parameters are sharded over
     ``dp_shard`` and replicated over ``dp_replicate`` (both > 1: HSDP). With ``ddp`` every data-parallel rank
-    (``dp_replicate × dp_shard``) holds a full replica.
+    (``dp_replicate × dp_shard``) holds a full replica. ``ep`` is carved out of ``dp_shard``: groups of ``ep``
+    neighbouring ``dp_shard`` ranks split the routed experts among them, and FSDP shards each expert over the
+    ``dp_shard / ep`` ranks left; everything else stays sharded over all of ``dp_shard``.
     """
 
     dp_replicate: int = Field(default=1, ge=1)
     dp_shard: int = Field(default=-1, ge=-1, description="-1: every rank the other axes leave")
     tp: int = Field(default=1, ge=1, description="tensor (and sequence) parallel degree")
+    ep: int = Field(default=1, ge=1, description="expert parallel degree, a divisor of dp_shard and of n_experts")
     data_parallel: Literal["fsdp", "ddp"] = "fsdp"
     reshard_after_forward: bool = Field(default=True, description="FSDP: free gathered blocks after forward")
     param_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="FSDP compute dtype of parameters")
@@ -45,5 +48,15 @@ class ParallelConfig(StrictModel):
                 raise ValueError(
                     "parallel.param_dtype=bf16 needs parallel.data_parallel=fsdp; with ddp use train.dtype=bf16 "
                     "(autocast) instead"
+                )
+        if self.ep > 1:
+            if self.data_parallel != "fsdp":
+                raise ValueError(f"parallel.ep={self.ep} needs parallel.data_parallel=fsdp, which shards the experts")
+            if self.tp > 1:
+                raise ValueError(f"parallel.ep={self.ep} cannot be combined with tensor parallel (parallel.tp={self.tp})")
+            if self.compile:
+                raise ValueError(
+                    f"parallel.ep={self.ep} cannot be combined with parallel.compile: the all-to-all sizes depend on "
+                    "the routing, which a compiled block cannot read"
                 )
         return self

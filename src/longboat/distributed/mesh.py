@@ -20,6 +20,7 @@ class ParallelDims:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    ep: int = 1  # carved out of dp_shard, not a factor of the world size
 
     @property
     def dp(self) -> int:
@@ -45,7 +46,12 @@ def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
                 f"dp_shard (the rest): {world_size} is not a multiple of {fixed}"
             )
         shard = world_size // fixed
-    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp)
+    if shard % cfg.ep:
+        raise ConfigError(
+            f"parallel.ep={cfg.ep} must divide parallel.dp_shard={shard}: the expert-parallel ranks are data-parallel "
+            "shard ranks"
+        )
+    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp, cfg.ep)
     if dims.world_size != world_size:
         raise ConfigError(
             f"parallel: dp_replicate={dims.dp_replicate} × dp_shard={dims.dp_shard} × tp={dims.tp} = "
@@ -65,6 +71,28 @@ class ParallelMesh:
         )
         # One flat axis over all data-parallel ranks: the group that splits the data and reduces the loss.
         self.dp: DeviceMesh = self.world["dp_replicate", "dp_shard"]._flatten("dp")
+
+        # Expert parallel splits dp_shard into dp_shard_mod_ep × ep: neighbouring shard ranks share out the experts.
+        self._experts: DeviceMesh | None = None
+        if dims.ep > 1:
+            self._experts = self.world._unflatten(
+                "dp_shard", (dims.dp_shard // dims.ep, dims.ep), ("dp_shard_mod_ep", "ep")
+            )
+
+    @property
+    def ep(self) -> DeviceMesh | None:
+        """The ranks that split the routed experts among them (None without expert parallel)."""
+        return self._experts["ep"] if self._experts is not None else None
+
+    @property
+    def expert_fsdp(self) -> DeviceMesh | None:
+        """What FSDP shards the experts over under expert parallel: the ``dp_shard / ep`` ranks holding the same
+        experts (with ``dp_replicate`` for HSDP)."""
+        if self._experts is None:
+            return None
+        if self.dims.dp_replicate > 1:
+            return self._experts["dp_replicate", "dp_shard_mod_ep"]
+        return self._experts["dp_shard_mod_ep"]
 
     @property
     def tp(self) -> DeviceMesh | None:
@@ -86,7 +114,8 @@ class ParallelMesh:
         return self.dp.get_group()
 
     def __repr__(self) -> str:
-        return " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES)
+        axes = " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES)
+        return axes + (f" (ep {self.dims.ep} within dp_shard)" if self.dims.ep > 1 else "")
 
 
 def build_mesh(cfg: ParallelConfig, device_type: str) -> ParallelMesh:

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 from longboat.errors import LongboatError
 from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load_task_state
 from longboat.data.loader import EpochOrder, ResumableLoader
+from longboat.distributed.grad_norm import clip_grad_norm
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
 from longboat.trainer.hooks import TrainerHooks
@@ -238,7 +239,7 @@ class Trainer:
             if p.grad is not None:
                 p.grad.mul_(scale)
         max_norm = self.cfg.clip_grad_norm if self.cfg.clip_grad_norm else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = clip_grad_norm(self.model.parameters(), max_norm)
         if isinstance(grad_norm, torch.distributed.tensor.DTensor):
             grad_norm = grad_norm.full_tensor()
         loss = totals[0].item() / global_count
