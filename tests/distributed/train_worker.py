@@ -17,9 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.utils.data import Dataset
+from torch.distributed.tensor import DTensor
+from torch.utils.data import Dataset, default_collate
 
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
+from longboat.distributed.parallelize import plain_name
 from longboat.models import build_model
 from longboat.models import get_model
 from longboat.tasks.lm_loss import make_lm_loss
@@ -60,6 +62,7 @@ class Case:
     resume_from: str | None = None  # a checkpoint under OUT to start from
     save_every: int = 0
     grad_accum: int = 1
+    gradients_only: bool = False  # the first step's gradients (grads.pt, MoE models) without training
 
 
 CASES = {
@@ -84,11 +87,12 @@ CASES = {
     "single_deepseek_v3_from_ep": Case("deepseek_v3", resume_from=f"ep_deepseek_v3/checkpoints/step_{SAVE_AT:08d}"),
     "ep_qwen3_moe": Case("qwen3_moe", {"ep": 2}),
     "ep_deepseek_v3": Case("deepseek_v3", {"ep": 2}, save_every=SAVE_AT),
-    "fsdp_capacity": Case("qwen3_moe_capacity"),
-    "ep_capacity": Case("qwen3_moe_capacity", {"ep": 2}),
-    "ep_fsdp_qwen3_moe": Case("qwen3_moe", {"ep": 2}),
+    # capacity drops a rank's copies beyond it before dispatch, so ep 2 equals 2-rank FSDP (not one process)
+    "fsdp_capacity": Case("qwen3_moe_capacity", gradients_only=True),
+    "ep_capacity": Case("qwen3_moe_capacity", {"ep": 2}, gradients_only=True),
     "ep_fsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2}),
-    "ep_hsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2, "dp_replicate": 2}),
+    "ep_fsdp_qwen3_moe": Case("qwen3_moe", {"ep": 2}, gradients_only=True),
+    "ep_hsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2, "dp_replicate": 2}, gradients_only=True),
 }
 
 
@@ -114,6 +118,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def save_first_gradients(model: torch.nn.Module, dp: DataParallel, path: Path) -> None:
+    """The gradients of the first global batch's mean token loss, scaled as the Trainer scales them, in full on
+    rank 0: Adam's updates hide a wrongly scaled gradient, and the norm barely sees a few small weights."""
+    data, per = RepeatingTokens(), GLOBAL_BATCH // dp.size
+    batch = default_collate([data[dp.rank * per + i] for i in range(per)])
+    model.eval()  # no aux loss and no expert-load counts, which would move the run's bias updates
+    make_lm_loss(False)(model, batch).loss_sum.backward()
+    scale = dp.size / (GLOBAL_BATCH * SEQ)  # every label counts
+    grads = {plain_name(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) * scale
+             for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    if _rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(grads, path)
+
+
 def run_case(out: Path, name: str) -> None:
     case = CASES[name]
     cfg = ParallelConfig(**case.parallel)
@@ -127,6 +147,11 @@ def run_case(out: Path, name: str) -> None:
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
     run_dir = out / name
+    if "moe" in model_cfg and case.resume_from is None:
+        save_first_gradients(model, dp, run_dir / "grads.pt")
+    if case.gradients_only:
+        _barrier()
+        return
     if case.resume_from is not None:
         src = out / case.resume_from
         if _rank() == 0:

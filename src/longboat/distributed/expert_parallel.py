@@ -63,17 +63,34 @@ def _inverse(order: Tensor) -> Tensor:
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: float) -> Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return grad * ctx.scale, None
+
+
 @contextlib.contextmanager
-def _local_weights(module: nn.Module) -> Iterator[None]:
+def _local_weights(module: nn.Module, ep: int) -> Iterator[None]:
     """Let ``module``'s forward read its DTensor parameters as this rank's local shards.
 
     An instance attribute shadows ``nn.Module.__getattr__``'s parameter lookup, so the plain forward sees local
     tensors while the registered parameters stay DTensors for FSDP, the optimizer and checkpoints; ``to_local``
     carries the gradient back to the DTensor.
+
+    The gradient of a local expert already sums the tokens of the whole ep group (the all-to-all's backward
+    brings them); FSDP then averages it over the ``dp / ep`` ranks that hold the same experts. Scaling by
+    ``1 / ep`` turns that into the average over all ``dp`` ranks, which every other weight gets.
     """
     shadowed = [name for name, p in module._parameters.items() if isinstance(p, DTensor)]
     for name in shadowed:
-        module.__dict__[name] = module._parameters[name].to_local()
+        module.__dict__[name] = _ScaleGradient.apply(module._parameters[name].to_local(), 1.0 / ep)
     try:
         yield
     finally:
@@ -118,7 +135,7 @@ class ExpertParallel(ParallelStyle):
         local_forward = module.forward
 
         def forward(x: Tensor, counts: Tensor) -> Tensor:
-            with _local_weights(module):
+            with _local_weights(module, ep):
                 return dispatch_and_combine(local_forward, x, counts, device_mesh.get_group(), ep)
 
         module.forward = forward

@@ -156,10 +156,6 @@ def _shard_experts(module: nn.Module, mesh: ParallelMesh, mp: MixedPrecisionPoli
     for experts in expert_modules(module):
         if not isinstance(experts, FSDPModule):
             fully_shard(experts, mesh=mesh.expert_fsdp, mp_policy=mp, reshard_after_forward=reshard)
-            # Each rank's expert gradients already sum the tokens of its whole ep group, which the reduction over
-            # dp_shard / ep (× dp_replicate) ranks completes; dividing by all data-parallel ranks, as for the
-            # other weights, gives the same average instead of ep times it.
-            experts.set_gradient_divide_factor(mesh.dims.dp)
 
 
 def apply_ddp(model: nn.Module, mesh: ParallelMesh, device: torch.device, cfg: ParallelConfig) -> nn.Module:
