@@ -9,7 +9,9 @@ from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelConfig, ParallelDims, parallelize, resolve_dims
 from longboat.distributed.expert_parallel import check_expert_parallel, expert_major_order
 from longboat.models import build_model
-from tests.distributed.conftest import WORKER, finish, free_ports, start, torchrun
+from longboat.recipes.config import load_run_config
+from longboat.recipes.preflight import preflight
+from tests.distributed.conftest import REPO, WORKER, finish, free_ports, start, torchrun
 from tests.distributed.test_parallelize import _assert_same_run
 from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
 
@@ -36,6 +38,13 @@ def test_expert_parallel_degree_is_checked_before_any_collective():
         check_expert_parallel(build_model("decoder", MODELS["qwen3_moe"]), 8)
     with pytest.raises(ConfigError, match="parallel.ep=2 needs a mixture-of-experts model"):
         parallelize(build_model("decoder", MODELS["tied"]), None, ParallelConfig(ep=2))
+
+
+def test_a_run_checks_its_experts_split_before_it_starts():
+    moe = "model.moe={d_model: 256, n_experts: 4, top_k: 2, expert_ffn_dim: 64}"
+    run = load_run_config(REPO / "configs/pretrain/quickstart.yaml", ["parallel.ep=8", moe], from_data=False)
+    with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
+        preflight(run, 8)
 
 
 # ---- real ranks ----------------------------------------------------------------------------------------------

@@ -91,8 +91,9 @@ CASES = {
     "fsdp_capacity": Case("qwen3_moe_capacity", gradients_only=True),
     "ep_capacity": Case("qwen3_moe_capacity", {"ep": 2}, gradients_only=True),
     "ep_fsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2}),
-    "ep_fsdp_qwen3_moe": Case("qwen3_moe", {"ep": 2}, gradients_only=True),
-    "ep_hsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2, "dp_replicate": 2}, gradients_only=True),
+    "ep_fsdp_qwen3_moe": Case("qwen3_moe", {"ep": 2, "activation_checkpointing": "selective"}, gradients_only=True),
+    "ep_hsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
+                                gradients_only=True),
 }
 
 

@@ -15,6 +15,7 @@ import yaml
 from longboat.checkpoint.dcp import CheckpointManager
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
+from longboat.distributed.expert_parallel import check_expert_parallel
 from longboat.models import get_model
 from longboat.models.lora import apply_lora
 from longboat.recipes.config import ResolvedRun
@@ -30,8 +31,8 @@ class Preflight:
 
 
 def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
-    """Device, mesh arithmetic, LoRA targets, tensor-parallel fit, HF export family, data against the model,
-    resume."""
+    """Device, mesh arithmetic, LoRA targets, tensor- and expert-parallel fit, HF export family, data against the
+    model, resume."""
     cfg = resolved.cfg
     resolve_device(cfg.train.device)
     dims = resolve_dims(cfg.parallel, world_size)
@@ -44,6 +45,9 @@ def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
         with torch.device("meta"):  # the targets checked against the model's layers, at no memory cost
             apply_lora(resolved.spec.build(resolved.model), cfg.lora)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
+    if dims.ep > 1:
+        with torch.device("meta"):
+            check_expert_parallel(resolved.spec.build(resolved.model), dims.ep)
     family = hf_export_family(resolved) if cfg.checkpoint.export_hf else None
     resolved.task.check(resolved.model)
     resume_from = check_resume(resolved) if cfg.checkpoint.resume else None
