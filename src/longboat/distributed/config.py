@@ -53,7 +53,9 @@ class ParallelConfig(StrictModel):
             if self.data_parallel != "fsdp":
                 raise ValueError(f"parallel.ep={self.ep} needs parallel.data_parallel=fsdp, which shards the experts")
             if self.tp > 1:
-                raise ValueError(f"parallel.ep={self.ep} cannot be combined with tensor parallel (parallel.tp={self.tp})")
+                raise ValueError(
+                    f"parallel.ep={self.ep} cannot be combined with tensor parallel (parallel.tp={self.tp})"
+                )
             if self.compile:
                 raise ValueError(
                     f"parallel.ep={self.ep} cannot be combined with parallel.compile: the all-to-all sizes depend on "

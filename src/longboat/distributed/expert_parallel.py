@@ -31,6 +31,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from longboat.config.base import ConfigError
 from longboat.models.moe.experts import GroupedExperts
+from longboat.models.moe.layer import invert_permutation
 
 
 def expert_modules(model: nn.Module) -> list[GroupedExperts]:
@@ -57,10 +58,6 @@ def expert_major_order(received: Tensor) -> Tensor:
     block = torch.arange(n_local, device=received.device) * ep + torch.arange(ep, device=received.device)[:, None]
     key = torch.repeat_interleave(block.reshape(-1), received.reshape(-1))
     return torch.argsort(key, stable=True)
-
-
-def _inverse(order: Tensor) -> Tensor:
-    return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
 class _ScaleGradient(torch.autograd.Function):
@@ -108,13 +105,13 @@ def dispatch_and_combine(forward: Callable[[Tensor, Tensor], Tensor], x: Tensor,
     received = torch.empty_like(counts)
     dist.all_to_all_single(received, counts, group=group)
     received = received.view(ep, n_local)
-    # The split sizes must be host integers; this sync is the price of dropless routing.
+    # all_to_all_single takes its split sizes as host integers: one device sync per MoE layer.
     send_splits = counts.view(ep, n_local).sum(1).tolist()
     recv_splits = received.sum(1).tolist()
     n_kept = sum(send_splits)
     rows = all_to_all_single_autograd(x[:n_kept].contiguous(), recv_splits, send_splits, group)
     order = expert_major_order(received)
-    y = forward(rows[order], received.sum(0))[_inverse(order)]
+    y = forward(rows[order], received.sum(0))[invert_permutation(order)]
     back = all_to_all_single_autograd(y.contiguous(), send_splits, recv_splits, group)
     return torch.cat([back, back.new_zeros(x.shape[0] - n_kept, back.shape[1])])
 
@@ -142,10 +139,8 @@ class ExpertParallel(ParallelStyle):
         return module
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> list[GroupedExperts]:
-    """Shard every expert set of ``model`` over ``ep_mesh``; returns the modules, for FSDP to shard apart."""
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Shard every expert set of ``model`` over ``ep_mesh``."""
     check_expert_parallel(model, ep_mesh.size())
-    experts = expert_modules(model)
-    for module in experts:
+    for module in expert_modules(model):
         parallelize_module(module, ep_mesh, ExpertParallel())
-    return experts

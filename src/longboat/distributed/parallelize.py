@@ -1,7 +1,8 @@
 """Apply parallelism to a plain model from outside: EP → TP → activation checkpointing → compile → FSDP/DDP.
 
-The order matters (as in torchtitan): EP and TP turn weights into DTensors on the ``ep``/``tp`` axes, checkpointing and
-compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their DTensors.
+The order matters (as in torchtitan): EP and TP turn weights into DTensors on the ``ep`` and ``tp`` axes,
+checkpointing and compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their
+DTensors.
 Which modules are units (checkpointed, compiled, sharded one by one) the model's ``ModelSpec.parallel_units``
 says; ``meta_init`` needs the model to define ``init_weights()``.
 """
