@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=2 tests/distributed/train_worker.py OUT CASE [CASE ...]
 
 Cases run one after another in the same process group. Each writes ``OUT/<case>/metrics.jsonl``, its
-checkpoints and ``final.pt`` (the full parameters, gathered to rank 0). Every run sees the same global batch
+checkpoints and ``final.pt`` (the full parameters, gathered to rank 0); MoE cases first write ``grads.pt`` (the
+first step's full gradients). Every run sees the same global batch
 (``GLOBAL_BATCH`` consecutive samples per step), so all of them follow the single-process loss curve.
 """
 
@@ -87,7 +88,8 @@ CASES = {
     "single_deepseek_v3_from_ep": Case("deepseek_v3", resume_from=f"ep_deepseek_v3/checkpoints/step_{SAVE_AT:08d}"),
     "ep_qwen3_moe": Case("qwen3_moe", {"ep": 2}),
     "ep_deepseek_v3": Case("deepseek_v3", {"ep": 2}, save_every=SAVE_AT),
-    # capacity drops a rank's copies beyond it before dispatch, so ep 2 equals 2-rank FSDP (not one process)
+    # capacity (here 8-24 of each layer's 64 copies dropped) applies to a rank's copies before dispatch, so ep 2
+    # equals 2-rank FSDP, not one process
     "fsdp_capacity": Case("qwen3_moe_capacity", gradients_only=True),
     "ep_capacity": Case("qwen3_moe_capacity", {"ep": 2}, gradients_only=True),
     "ep_fsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2}),
