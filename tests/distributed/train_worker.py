@@ -40,9 +40,10 @@ MOE = dict(d_model=32, top_k=2, expert_ffn_dim=16)
 MODELS = {
     "tied": dict(BASE, tie_embeddings=True),
     "untied_qk": dict(BASE, tie_embeddings=False, qk_norm=True, qkv_bias=True),
-    # Qwen3-MoE: softmax top-k over normalised probabilities, every layer MoE; z-loss as the aux term, since
-    # the Switch balance loss of a batch is not the mean of its halves' (under any data parallelism).
-    "qwen3_moe": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, z_loss_coef=1e-3)),
+    # Qwen3-MoE: softmax top-k over normalised probabilities, every layer MoE, the Switch balance loss (and a
+    # z-loss); coefficients large enough to move the router.
+    "qwen3_moe": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, aux_loss="switch", aux_loss_coef=0.1,
+                                                   z_loss_coef=1e-2)),
     "qwen3_moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, capacity_factor=1.0)),
     # DeepSeek-V3: MLA, a dense first layer, a shared expert, sigmoid scores with group-limited routing, the
     # aux-loss-free bias (a large rate so that it moves routing within 12 steps) and the sequence-wise loss.
