@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 
 from longboat.models.moe.config import MoEConfig
@@ -133,8 +134,8 @@ class MoE(nn.Module):
         """(copies per expert, tokens) over every rank of ``balance_group`` in training, else this forward's."""
         if self.balance_group is None or not self.training:
             return load, n_tokens
-        total = torch.cat([load, load.new_tensor([n_tokens])])
-        dist.all_reduce(total, group=self.balance_group)
+        # The functional all-reduce is traceable, so compiled blocks keep one graph.
+        total = funcol.all_reduce(torch.cat([load, load.new_tensor([n_tokens])]), "sum", self.balance_group)
         return total[:-1], total[-1]
 
     @torch.no_grad()
