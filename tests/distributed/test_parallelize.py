@@ -61,9 +61,16 @@ def test_bf16_parameters_need_fsdp():
         parallelize(build_model("decoder", MODEL), None, ParallelConfig(param_dtype="bf16"))
 
 
-@pytest.mark.parametrize("variant", [{"tie_embeddings": True}, {"tie_embeddings": False, "qk_norm": True}])
-def test_every_plan_entry_names_a_module(variant):
-    model = build_model("decoder", dict(MODEL, **variant))
+@pytest.mark.parametrize("config", [
+    dict(MODEL, tie_embeddings=True),
+    dict(MODEL, tie_embeddings=False, qk_norm=True),
+    MODELS["deepseek"],
+    dict(MODELS["deepseek"], q_lora_rank=None, dense_layers=[]),
+    MODELS["qwen3moe"],
+    dict(MODELS["qwen3moe"], dense_layers=[1], moe=dict(MODELS["qwen3moe"]["moe"], n_shared_experts=2)),
+])
+def test_every_plan_entry_names_a_module(config):
+    model = build_model("decoder", config)
     names = [name for name, _ in model.named_modules()]
     for pattern in tensor_parallel_plan(model.cfg):
         assert any(_matches(name, pattern) for name in names), pattern

@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=2 tests/distributed/train_worker.py OUT CASE [CASE ...]
 
 Cases run one after another in the same process group. Each writes ``OUT/<case>/metrics.jsonl``, its
-checkpoints and ``final.pt`` (the full parameters, gathered to rank 0); MoE cases first write ``grads.pt`` (the
-first step's full gradients). Every run sees the same global batch
+checkpoints and ``final.pt`` (the full parameters, gathered to rank 0); cases that ask first write ``grads.pt``
+(the first step's full gradients). Every run sees the same global batch
 (``GLOBAL_BATCH`` consecutive samples per step), so all of them follow the single-process loss curve.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,24 +37,22 @@ VOCAB, SEQ, STEPS, GLOBAL_BATCH, SAVE_AT = 128, 16, 12, 4, 6
 # ~1e-6, while the learning rate still moves them by ~0.1.
 LR, ADAM_EPS = 5e-3, 1e-5
 BASE = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
-MOE = dict(d_model=32, top_k=2, expert_ffn_dim=16)
+MOE = dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=16)
 MODELS = {
     "tied": dict(BASE, tie_embeddings=True),
     "untied_qk": dict(BASE, tie_embeddings=False, qk_norm=True, qkv_bias=True),
-    # Qwen3-MoE: softmax top-k over normalised probabilities, every layer MoE, the Switch balance loss (and a
-    # z-loss); coefficients large enough to move the router.
-    "qwen3_moe": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, aux_loss="switch", aux_loss_coef=0.1,
-                                                   z_loss_coef=1e-2)),
-    "qwen3_moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, n_experts=4, capacity_factor=1.0)),
-    # DeepSeek-V3: MLA, a dense first layer, a shared expert, sigmoid scores with group-limited routing, the
-    # aux-loss-free bias (a large rate so that it moves routing within 12 steps) and the sequence-wise loss.
-    "deepseek_v3": dict(
-        BASE, attention="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-        dense_layers=[0], moe=dict(
-            MOE, n_experts=8, n_shared_experts=1, score_func="sigmoid", routed_scaling_factor=2.5, n_groups=4,
-            topk_groups=2, use_expert_bias=True, bias_update_rate=1e-2, aux_loss="sequence", aux_loss_coef=1e-3,
-        ),
+    # DeepSeek-V3 in small: latent attention, a dense first layer, then sigmoid group-limited routing with a shared
+    # expert, bias balancing and the sequence-wise aux loss.
+    "deepseek": dict(
+        BASE, n_kv_heads=None, attention="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, dense_layers=[0],
+        moe=dict(MOE, n_shared_experts=1, score_func="sigmoid", n_groups=2, topk_groups=1, routed_scaling_factor=2.5,
+                 use_expert_bias=True, aux_loss="sequence"),
     ),
+    # Qwen3-MoE in small: grouped-query attention with q/k norms, softmax routing in every layer, Switch aux loss.
+    "qwen3moe": dict(BASE, qk_norm=True, moe=dict(MOE, aux_loss="switch", z_loss_coef=1e-3)),
+    # Capacity 1.0 drops 8-24 of each layer's 64 routed copies per 2-sample micro-batch.
+    "qwen3moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, capacity_factor=1.0)),
 }
 
 
@@ -64,7 +63,8 @@ class Case:
     resume_from: str | None = None  # a checkpoint under OUT to start from
     save_every: int = 0
     grad_accum: int = 1
-    gradients_only: bool = False  # the first step's gradients (grads.pt, MoE models) without training
+    slow_from: int | None = None  # from this step on, data loading takes a while (a test signals the run then)
+    gradients: str = "none"  # "first": write grads.pt before training; "only": write it and stop
 
 
 CASES = {
@@ -83,20 +83,32 @@ CASES = {
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
+    # mixture of experts and latent attention under tensor parallel (test_tp_moe.py)
+    "single_deepseek": Case("deepseek"),
+    "single_qwen3moe": Case("qwen3moe"),
+    # The Switch aux loss is not linear in the batch: two data-parallel halves match two accumulated halves.
+    "single_qwen3moe_accum": Case("qwen3moe", grad_accum=2),
+    "tp_deepseek": Case("deepseek", {"tp": 2}, save_every=SAVE_AT),
+    "tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
+    "fsdp_tp_deepseek": Case("deepseek", {"tp": 2}),
+    "fsdp_tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
+    "hsdp_tp": Case("tied", {"dp_replicate": 2, "tp": 2}),  # 8 ranks: the smallest model
+    "fsdp_from_tp_deepseek": Case("deepseek", resume_from=f"tp_deepseek/checkpoints/step_{SAVE_AT:08d}"),
+    "stopped_tp_deepseek": Case("deepseek", {"tp": 2}, slow_from=3),  # stopped by SIGTERM to torchrun
+    "single_from_stopped": Case("deepseek", resume_from="stopped_tp_deepseek/checkpoints"),
     # expert parallel (test_expert_parallel.py): references in one process, then ep 2, ep 2 × FSDP 2, ep 2 × HSDP
-    "single_qwen3_moe": Case("qwen3_moe"),
-    "single_deepseek_v3": Case("deepseek_v3"),
-    "single_deepseek_v3_from_ep": Case("deepseek_v3", resume_from=f"ep_deepseek_v3/checkpoints/step_{SAVE_AT:08d}"),
-    "ep_qwen3_moe": Case("qwen3_moe", {"ep": 2}),
-    "ep_deepseek_v3": Case("deepseek_v3", {"ep": 2}, save_every=SAVE_AT),
-    # capacity (here 8-24 of each layer's 64 copies dropped) applies to a rank's copies before dispatch, so ep 2
-    # equals 2-rank FSDP, not one process
-    "fsdp_capacity": Case("qwen3_moe_capacity", gradients_only=True),
-    "ep_capacity": Case("qwen3_moe_capacity", {"ep": 2}, gradients_only=True),
-    "ep_fsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2}),
-    "ep_fsdp_qwen3_moe": Case("qwen3_moe", {"ep": 2, "activation_checkpointing": "selective"}, gradients_only=True),
-    "ep_hsdp_deepseek_v3": Case("deepseek_v3", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
-                                gradients_only=True),
+    "ep_single_deepseek": Case("deepseek", gradients="first"),
+    "ep_single_qwen3moe_accum": Case("qwen3moe", grad_accum=2, gradients="first"),  # as single_qwen3moe_accum
+    "single_from_ep_deepseek": Case("deepseek", resume_from=f"ep_deepseek/checkpoints/step_{SAVE_AT:08d}"),
+    "ep_deepseek": Case("deepseek", {"ep": 2}, save_every=SAVE_AT, gradients="first"),
+    "ep_qwen3moe": Case("qwen3moe", {"ep": 2}, gradients="first"),
+    # capacity applies to each rank's copies before dispatch, so ep 2 equals 2-rank FSDP, not one process
+    "fsdp_capacity": Case("qwen3moe_capacity", gradients="only"),
+    "ep_capacity": Case("qwen3moe_capacity", {"ep": 2}, gradients="only"),
+    "ep_fsdp_deepseek": Case("deepseek", {"ep": 2}, gradients="first"),
+    "ep_fsdp_qwen3moe": Case("qwen3moe", {"ep": 2, "activation_checkpointing": "selective"}, gradients="only"),
+    "ep_hsdp_deepseek": Case("deepseek", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
+                             gradients="only"),
 }
 
 
@@ -111,6 +123,18 @@ class RepeatingTokens(Dataset):
         head = torch.randint(0, VOCAB, (2,), generator=g)
         x = head.repeat((SEQ + 2) // 2)[: SEQ + 1]
         return {"tokens": x[:-1], "labels": x[1:].clone()}
+
+
+class SlowTokens(RepeatingTokens):
+    """The same samples, each taking a quarter of a second from step ``step`` on."""
+
+    def __init__(self, step: int):
+        self.first = step * GLOBAL_BATCH
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i >= self.first:
+            time.sleep(0.25)
+        return super().__getitem__(i)
 
 
 def _rank() -> int:
@@ -151,15 +175,16 @@ def run_case(out: Path, name: str) -> None:
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
     run_dir = out / name
-    if "moe" in model_cfg and case.resume_from is None:
+    if case.gradients != "none":
         save_first_gradients(model, dp, run_dir / "grads.pt")
-    if case.gradients_only:
+    if case.gradients == "only":
         _barrier()
         return
     if case.resume_from is not None:
-        src = out / case.resume_from
+        src = out / case.resume_from  # one checkpoint, or a whole checkpoints/ directory
         if _rank() == 0:
-            shutil.copytree(src, run_dir / "checkpoints" / src.name)
+            dst = run_dir / "checkpoints"
+            shutil.copytree(src, dst if src.name == "checkpoints" else dst / src.name)
         _barrier()
     train_cfg = TrainerConfig(
         steps=STEPS, micro_batch_size=GLOBAL_BATCH // dims.dp // case.grad_accum, grad_accum=case.grad_accum, log_every=1, eval_batches=0, num_workers=0,
@@ -167,7 +192,7 @@ def run_case(out: Path, name: str) -> None:
     )
     trainer = Trainer(
         train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, make_lm_loss(False),
-        RepeatingTokens(), dp=dp, device=torch.device("cpu"),
+        RepeatingTokens() if case.slow_from is None else SlowTokens(case.slow_from), dp=dp, device=torch.device("cpu"),
     )
     trainer.fit()
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -183,8 +183,10 @@ def test_config_errors():
         tiny_moe(attention="mla", qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
     with pytest.raises(ValidationError, match="only apply with attention='mla'"):
         tiny_moe(kv_lora_rank=16)
-    with pytest.raises(ConfigError, match="tensor parallelism supports dense"):
-        check_tensor_parallel(tiny_moe(), 2)
+    check_tensor_parallel(tiny_moe(), 2)  # the routed experts stay replicated over tp
+    with pytest.raises(ConfigError, match=r"parallel.tp=3 must divide the model's n_heads \(4\) so that"):
+        check_tensor_parallel(tiny_moe(n_kv_heads=None, attention="mla", kv_lora_rank=16, qk_nope_head_dim=8,
+                                       qk_rope_head_dim=4, v_head_dim=8), 3)
     with pytest.raises(HFConversionError, match="rope_type 'yarn'"):
         hf = deepseek_v3(16).to_dict()
         hf["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0}

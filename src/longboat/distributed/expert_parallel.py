@@ -14,9 +14,6 @@ expert exactly as in one process; the wrapper then
    weights,
 4. sends the outputs back and restores the caller's row order; dropped rows (past ``counts.sum()``) come out as
    zeros, as without expert parallel.
-
-Under any data parallelism (with or without ``ep``) the MoE layers' Switch balance loss counts the load of all
-data-parallel ranks, as one process would.
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from longboat.config.base import ConfigError
-from longboat.distributed.mesh import ParallelMesh
 from longboat.models.moe.experts import GroupedExperts
-from longboat.models.moe.layer import MoE, invert_permutation
+from longboat.models.moe.layer import invert_permutation
 
 
 def expert_modules(model: nn.Module) -> list[GroupedExperts]:
@@ -52,14 +48,6 @@ def check_expert_parallel(model: nn.Module, ep: int) -> None:
     for module in experts:
         if module.n_experts % ep:
             raise ConfigError(f"parallel.ep={ep} must divide the model's n_experts ({module.n_experts})")
-
-
-def balance_over_data_parallel(model: nn.Module, mesh: ParallelMesh) -> None:
-    """Have every MoE layer's Switch balance loss count the load of all data-parallel ranks (``MoE.balance_group``),
-    so that it equals one process's on the same global batch."""
-    for module in model.modules():
-        if isinstance(module, MoE):
-            module.balance_group = mesh.dp_group
 
 
 def expert_major_order(received: Tensor) -> Tensor:

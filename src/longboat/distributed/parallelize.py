@@ -25,12 +25,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
-from longboat.distributed.expert_parallel import (
-    apply_expert_parallel,
-    balance_over_data_parallel,
-    check_expert_parallel,
-    expert_modules,
-)
+from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel, expert_modules
 from longboat.distributed.mesh import ParallelMesh
 from longboat.models.registry import spec_of
 
@@ -245,8 +240,6 @@ def parallelize(
     check_expert_parallel(model, cfg.ep)
     if _on_meta(model) and not _sharded_init_supported(device):
         materialize(model, device)
-    if mesh is not None:
-        balance_over_data_parallel(model, mesh)
     if mesh is not None and mesh.ep is not None:
         apply_expert_parallel(model, mesh.ep)
     if mesh is not None and mesh.tp is not None:

@@ -28,10 +28,29 @@ class ServeConfig(StrictModel):
     max_batch: int = Field(default=32, gt=0)
     threads: int | None = Field(default=None, gt=0)
     startup_timeout_s: float = Field(default=120.0, gt=0)
+    host: str = Field(default="127.0.0.1", description="where the server listens: on a Ray cluster of several "
+                      "machines, an address the workers reach (0.0.0.0: all interfaces)")
+
+
+class RayConfig(StrictModel):
+    """Where ``backend: ray`` runs the episodes and how. Each runner (a Ray actor) runs batches of one task's
+    episodes on ``num_envs`` envs and policy clients of its own. The workers must reach the policy server: one the
+    evaluation starts listens on ``serve.host``."""
+
+    address: str | None = Field(default=None, description="auto, ray://host:10001 or host:port; null: start a "
+                                "local Ray instance (or use the one this process already started)")
+    runners: int | None = Field(default=None, gt=0, description="runners at once; null: as many as the "
+                                "cluster's CPUs hold")
+    cpus_per_runner: float = Field(default=1.0, gt=0, description="CPUs each runner reserves (async envs run a "
+                                   "process each: num_envs)")
+    episodes_per_runner: int = Field(default=10, gt=0, description="episodes a runner is given at a time: its envs "
+                                     "are built once for them")
+    max_retries: int = Field(default=2, ge=0, description="times a batch whose runner died is run again for its "
+                             "episodes not yet written")
 
 
 class EvalConfig(StrictModel):
-    benchmark: str = Field(description="runner name: metaworld, fetch")
+    benchmark: str = Field(description="runner name: metaworld, fetch, pusht, a LIBERO suite (libero_spatial, ...)")
     tasks: list[str] = Field(min_length=1)
     episodes: int = Field(default=10, gt=0, description="episodes per task (seeds seed, seed+1, ...)")
     seed: int = Field(default=0, ge=0)
@@ -39,7 +58,10 @@ class EvalConfig(StrictModel):
     policy: str = Field(description="an export or run directory (served by a managed server), or ws://host:port")
     serve: ServeConfig = Field(default_factory=ServeConfig)
     observation: ObservationConfig | None = None
-    num_envs: int = Field(default=4, gt=0)
+    num_envs: int = Field(default=4, gt=0, description="envs stepped together (per runner with backend: ray)")
+    backend: Literal["local", "ray"] = Field(default="local", description="local: the episodes run in this process; "
+                                             "ray: in Ray actors on the cluster at ray.address")
+    ray: RayConfig = Field(default_factory=RayConfig)
     vector: Literal["auto", "sync", "async"] = Field(
         default="auto", description="auto: async (spawned workers) when envs render cameras, else sync")
     replan_steps: int | None = Field(default=None, gt=0, description="actions used per chunk; null: the horizon")

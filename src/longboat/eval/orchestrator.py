@@ -1,42 +1,30 @@
 """``longboat eval``: run every (task, seed) episode of a config against a policy server, append each finished
 episode to ``results.jsonl``, then write ``summary.json`` and ``report.html``.
 
-Per task, ``num_envs`` environments step together (gymnasium vector envs); the envs that need a new action chunk
-ask the server at the same time (one client each, so the server batches them) and each uses ``replan_steps``
-actions of its chunk. An episode ends at its first success, at the step limit (``time_limit``) or at the wall-clock
-limit (``wall_time``). The request seed is a function of the episode seed and the step, so an episode replays the
-same however the envs are laid out and whether the server restarted under it. A rerun with the same output dir
-skips the episodes already in the results file.
+The episodes run in this process (``backend: local``, one task after another on ``num_envs`` envs) or in Ray
+actors (``backend: ray``, see ``ray_backend``); either way this process alone writes the output dir: each episode is
+appended to the results file as it finishes, its video written beside it. A rerun with the same output dir skips
+the episodes already in the results file, whichever backend wrote them. How an episode is stepped: ``episodes``.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from longboat.config.base import ConfigError
 from longboat.data.robot.record.progress import RecordProgress
 from longboat.data.robot.record.recorder import DEFAULT_CAMERA_KEY
-from longboat.errors import LongboatError
-from longboat.eval.client import PolicyClient
 from longboat.eval.config import EvalConfig
+from longboat.eval.episodes import EvalError, FinishedEpisode, Timing, policy_client, run_episodes
 from longboat.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, summarize, write_summary
-from longboat.eval.runners import ObservationSpec, Runner, make_runner
-from longboat.eval.runners.base import FRAME_INFO, IMAGE_PREFIX, STATE_FEATURE
+from longboat.eval.runners import ObservationSpec, make_runner
+from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
 
 VIDEO_DIR = "videos"
-_SEED_STRIDE = 1_000_003  # request seed = episode seed * stride + step
-
-
-class EvalError(LongboatError, RuntimeError):
-    """The evaluation cannot go on (the policy refused a request, the output dir holds another run)."""
 
 
 @dataclass
@@ -44,32 +32,6 @@ class _Tally:  # what the progress bar shows per task
     name: str
     episodes: int = 0
     successes: int = 0
-
-
-@dataclass
-class _Episode:
-    task: str
-    seed: int
-    prompt: str
-    video: bool
-    started: float = field(default_factory=time.monotonic)
-    step: int = 0
-    reward: float = 0.0
-    history: deque = field(default_factory=deque)
-    chunk: np.ndarray | None = None
-    chunk_start: int = 0
-    latency_ms: list = field(default_factory=list)
-    infer_ms: list = field(default_factory=list)
-    frames: list = field(default_factory=list)
-
-
-@dataclass
-class Timing:
-    """Where the wall time of the episodes went: stepping the envs (rendering included) and waiting for chunks."""
-
-    env_s: float = 0.0
-    request_s: float = 0.0
-    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,34 +102,50 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     unknown = [t for t in cfg.tasks if t not in known]
     if unknown:
         raise ConfigError(f"tasks: {cfg.benchmark} has no task {', '.join(unknown)}; known: {', '.join(known)}")
+    if cfg.backend == "ray":
+        from longboat.eval.ray_backend import import_ray
+
+        import_ray()  # missing Ray fails here, before a server starts
     out.mkdir(parents=True, exist_ok=True)
     _check_run(out, cfg)
     results, summary_timing = ResultsFile(out / RESULTS_FILE), None
     seeds = cfg.episode_seeds()
     todo = {t: [s for s in seeds if (t, s) not in results.done] for t in cfg.tasks}
+    todo = {t: s for t, s in todo.items() if s}
     try:
-        if any(todo.values()):
+        if todo:
             with ExitStack() as stack:
                 url = _endpoint(cfg, out, stack)
-                clients = [stack.enter_context(PolicyClient(url, timeout_s=cfg.request_timeout_s,
-                                                            connect_timeout_s=cfg.serve.startup_timeout_s + 30))
-                           for _ in range(cfg.num_envs)]
+                # Ray runners open their own clients; this process needs one only for the policy's metadata.
+                clients = [stack.enter_context(policy_client(cfg, url))
+                           for _ in range(cfg.num_envs if cfg.backend == "local" else 1)]
                 meta = clients[0].metadata
                 horizon = int(meta.get("horizon") or info.horizon or 1)
                 replan = min(cfg.replan_steps or horizon, horizon)
                 n_obs = int(meta.get("n_obs_steps") or info.n_obs_steps)
-                pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
                 tallies, timing = {t: _Tally(t) for t in cfg.tasks}, Timing()
                 for e in results.episodes:
                     if e["task"] in tallies:
                         tallies[e["task"]].episodes += 1
                         tallies[e["task"]].successes += bool(e["success"])
                 bar = stack.enter_context(RecordProgress(progress, len(cfg.tasks) * len(seeds)))
-                for task in cfg.tasks:
-                    if todo[task]:
-                        video = set(seeds[:cfg.videos_per_task])
-                        _run_task(cfg, runner, task, todo[task], video, clients, pool, replan, n_obs, results,
-                                  out, lambda e: _advance(bar, tallies[e["task"]], e), timing)
+
+                def record(finished: FinishedEpisode) -> None:
+                    episode = _save(out, finished)
+                    results.append(episode)
+                    _advance(bar, tallies[episode["task"]], episode)
+
+                video = set(seeds[:cfg.videos_per_task])
+                if cfg.backend == "ray":
+                    from longboat.eval.ray_backend import run_on_ray
+
+                    run_on_ray(cfg, runner, todo, video, url, replan, n_obs, record, results.done, timing)
+                else:
+                    pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
+                    for task, task_seeds in todo.items():
+                        for finished in run_episodes(cfg, runner, task, task_seeds, video, clients, pool, replan,
+                                                     n_obs, timing):
+                            record(finished)
                 summary_timing = {"env_s": round(timing.env_s, 3), "request_s": round(timing.request_s, 3),
                                   "vector_steps": timing.steps}
     finally:
@@ -187,6 +165,17 @@ def _advance(bar: RecordProgress, tally: _Tally, episode: dict) -> None:
     bar.advance(tally)
 
 
+def _save(out: Path, finished: FinishedEpisode) -> dict:
+    """The episode's results line, its video written first when it was recorded on video."""
+    episode = finished.result
+    if finished.frames:
+        from longboat.eval.report import write_video
+
+        episode["video"] = f"{VIDEO_DIR}/{episode['task']}/seed{episode['seed']}.mp4"
+        write_video(out / episode["video"], finished.frames, finished.fps)
+    return episode
+
+
 def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     if cfg.is_url:
         return cfg.policy
@@ -197,117 +186,6 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     args = [str(export_dir(cfg.policy)), "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []
-    manager = stack.enter_context(ServerManager(args, out / "server.log", startup_timeout_s=s.startup_timeout_s))
+    manager = stack.enter_context(ServerManager(args, out / "server.log", host=s.host,
+                                                startup_timeout_s=s.startup_timeout_s))
     return f"ws://{manager.host}:{manager.port}"
-
-
-def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, float, float]:
-    start = time.perf_counter()
-    reply = client.infer(obs, seed=seed)
-    latency = (time.perf_counter() - start) * 1000
-    return np.asarray(reply["actions"]), latency, float(reply.get("policy_timing", {}).get("infer_ms", 0.0))
-
-
-def _run_task(cfg, runner: Runner, task, seeds, video_seeds, clients, pool, replan, n_obs, results, out, done,
-              timing: Timing) -> None:
-    n = min(cfg.num_envs, len(seeds))
-    mode = cfg.vector if cfg.vector != "auto" else ("async" if runner.renders() and n > 1 else "sync")
-    vec = runner.make_vector_env(task, n, mode)
-    try:
-        prompt = vec.get_attr("prompt")[0]
-        limit = min(cfg.max_steps or 10**9, *vec.get_attr("max_steps"))
-        fps = vec.get_attr("fps")[0]
-        space = vec.single_action_space
-        queue, slots = deque(seeds), [None] * n
-
-        def start(mask: np.ndarray, obs=None) -> dict:
-            """Reset the masked envs into their next episodes (an env with none left idles on a fresh reset)."""
-            reset_seeds = []
-            for i in np.flatnonzero(mask):
-                slots[i] = _Episode(task, queue.popleft(), prompt, False) if queue else None
-                reset_seeds.append(slots[i].seed if slots[i] else 0)
-            full = [None] * n
-            for i, s in zip(np.flatnonzero(mask), reset_seeds):
-                full[i] = int(s)
-            new_obs, info = vec.reset(seed=full, options={"reset_mask": mask, "video_seeds": sorted(video_seeds)})
-            for i in np.flatnonzero(mask):
-                ep = slots[i]
-                if ep is not None:
-                    ep.video = ep.seed in video_seeds
-                    _remember(ep, {k: v[i] for k, v in new_obs.items()}, n_obs)
-                    if ep.video and info.get("_" + FRAME_INFO, np.zeros(n, bool))[i]:
-                        ep.frames.append(info[FRAME_INFO][i])
-            return new_obs
-
-        start(np.ones(n, bool))
-        while any(slots):
-            asks = {i: ep for i, ep in enumerate(slots)
-                    if ep is not None and (ep.chunk is None or ep.step - ep.chunk_start >= replan)}
-            futures = {i: pool.submit(_request, clients[i], runner.request(_stacked(ep.history), ep.prompt),
-                                      (ep.seed * _SEED_STRIDE + ep.step) % (1 << 63)) for i, ep in asks.items()}
-            waited = time.perf_counter()
-            for i, f in futures.items():
-                ep = slots[i]
-                try:
-                    ep.chunk, latency, infer = f.result()
-                except LongboatError as e:
-                    raise EvalError(f"{task} seed {ep.seed}: {e}") from None
-                ep.chunk_start = ep.step
-                ep.latency_ms.append(round(latency, 3))
-                ep.infer_ms.append(round(infer, 3))
-            timing.request_s += time.perf_counter() - waited
-            actions = np.zeros((n, *space.shape), np.float32)
-            for i, ep in enumerate(slots):
-                if ep is not None:
-                    actions[i] = runner.action(ep.chunk[ep.step - ep.chunk_start], space)
-            stepped = time.perf_counter()
-            obs, reward, success, _, info = vec.step(actions)
-            timing.env_s += time.perf_counter() - stepped
-            timing.steps += 1
-            finished = np.zeros(n, bool)
-            for i, ep in enumerate(slots):
-                if ep is None:
-                    continue
-                ep.step += 1
-                ep.reward += float(reward[i])
-                _remember(ep, {k: v[i] for k, v in obs.items()}, n_obs)
-                if ep.video and info.get("_" + FRAME_INFO, np.zeros(n, bool))[i]:
-                    ep.frames.append(info[FRAME_INFO][i])
-                wall = cfg.episode_timeout_s is not None and time.monotonic() - ep.started > cfg.episode_timeout_s
-                if success[i] or ep.step >= limit or wall:
-                    failure = None if success[i] else ("time_limit" if ep.step >= limit else "wall_time")
-                    episode = _finish(ep, bool(success[i]), failure, out, fps)
-                    results.append(episode)
-                    done(episode)
-                    finished[i] = True
-            if finished.any():
-                start(finished)
-    finally:
-        vec.close()
-
-
-def _remember(ep: _Episode, obs: dict, n_obs: int) -> None:
-    """Keep the last ``n_obs`` observations; the first is repeated before the episode's start."""
-    if not ep.history:
-        ep.history.extend([obs] * n_obs)
-    ep.history.append(obs)
-    while len(ep.history) > n_obs:
-        ep.history.popleft()
-
-
-def _stacked(history: deque) -> dict:
-    if len(history) == 1:
-        return history[0]
-    return {k: np.stack([h[k] for h in history]) for k in history[0]}
-
-
-def _finish(ep: _Episode, success: bool, failure: str | None, out: Path, fps: int) -> dict:
-    video = None
-    if ep.frames:
-        from longboat.eval.report import write_video
-
-        video = f"{VIDEO_DIR}/{ep.task}/seed{ep.seed}.mp4"
-        write_video(out / video, ep.frames, fps)
-    return {"task": ep.task, "seed": ep.seed, "success": success, "reward": round(ep.reward, 6),
-            "length": ep.step, "failure": failure, "latency_ms": ep.latency_ms, "infer_ms": ep.infer_ms,
-            "wall_s": round(time.monotonic() - ep.started, 3), "video": video}

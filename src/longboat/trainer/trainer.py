@@ -19,7 +19,6 @@ from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.distributed.tensor
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 from torch.utils.data import Dataset
@@ -27,9 +26,9 @@ from torch.utils.data import Dataset
 from longboat.errors import LongboatError
 from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load_task_state
 from longboat.data.loader import EpochOrder, ResumableLoader
-from longboat.distributed.grad_norm import clip_grad_norm
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
+from longboat.trainer.grad_norm import clip_grad_norm
 from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.metrics import MetricsWriter
 from longboat.trainer.mfu import cpu_bf16_is_slow, peak_flops
@@ -240,8 +239,6 @@ class Trainer:
                 p.grad.mul_(scale)
         max_norm = self.cfg.clip_grad_norm if self.cfg.clip_grad_norm else float("inf")
         grad_norm = clip_grad_norm(self.model.parameters(), max_norm)
-        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
-            grad_norm = grad_norm.full_tensor()
         loss = totals[0].item() / global_count
         finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
@@ -319,8 +316,9 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         flag = torch.tensor([1.0 if self._stop_signal is not None else 0.0])
-        if self.dp.size > 1 and dist.is_initialized():
-            dist.all_reduce(flag)  # preemption reaches ranks at different moments; stop together
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # Preemption reaches ranks at different moments; all stop together, tensor-parallel ones included.
+            dist.all_reduce(flag)
         return bool(flag.item())
 
     def fit(self) -> FitResult:

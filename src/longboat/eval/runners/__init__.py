@@ -1,6 +1,6 @@
 """Benchmark runners by name; ``make_runner`` lists the known ones for an unknown name."""
 
-from longboat.eval.runners import sim  # noqa: F401  (registers metaworld, fetch and pusht)
+from longboat.eval.runners import libero, sim  # noqa: F401  (register the LIBERO suites, metaworld, fetch, pusht)
 from longboat.eval.runners.base import RUNNERS, ObservationSpec, Runner, register_runner
 
 

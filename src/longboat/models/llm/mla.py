@@ -46,7 +46,7 @@ class MultiHeadLatentAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
-        self.n_heads = h = cfg.n_heads
+        h = cfg.n_heads
         self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_rank = cfg.kv_lora_rank
         self.interleaved = cfg.rope_interleave
@@ -75,7 +75,8 @@ class MultiHeadLatentAttention(nn.Module):
         """``mask``: a [B, 1, T, T] boolean mask that replaces the causal one (packed documents)."""
         B, T, _ = x.shape
         q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_pe = q.view(B, T, self.n_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        # Head counts come from the projections (-1), so a tensor-parallel shard of heads works unchanged.
+        q_nope, q_pe = q.view(B, T, -1, self.nope_dim + self.rope_dim).split([self.nope_dim, self.rope_dim], dim=-1)
         q_pe = self._rope(q_pe, cos, sin)
 
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope_dim], dim=-1)
@@ -88,8 +89,9 @@ class MultiHeadLatentAttention(nn.Module):
             c_kv, k_pe = cache.update(self.layer_id, c_kv, k_pe)
         S = c_kv.shape[1]
         # Expand the latent of every visible position into per-head keys and values.
-        k_nope, v = self.kv_b_proj(c_kv).view(B, S, self.n_heads, -1).split([self.nope_dim, self.v_dim], dim=-1)
-        k = torch.cat((k_nope, k_pe.unsqueeze(2).expand(B, S, self.n_heads, self.rope_dim)), dim=-1)
+        kv = self.kv_b_proj(c_kv).view(B, S, -1, self.nope_dim + self.v_dim)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+        k = torch.cat((k_nope, k_pe.unsqueeze(2).expand(B, S, kv.shape[2], self.rope_dim)), dim=-1)
         q = torch.cat((q_nope, q_pe), dim=-1)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, len, dim]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)

@@ -5,6 +5,10 @@ gathers its input, runs column-parallel in-projections and a row-parallel out-pr
 back onto the sequence. Norms run on sequence shards with replicated weights. Only ``longboat.distributed``
 applies the plan; the model stays plain single-device PyTorch.
 
+Multi-head latent attention splits its heads the same way around a replicated latent; a mixture of experts keeps its
+router and routed experts replicated (every rank runs the gathered sequence; splitting experts is expert
+parallelism's job) and splits only its shared experts. Modules without an entry stay plain, replicated tensors.
+
 The head reads ``output_weight`` with ``F.linear`` (tied or not), so the logits come out as a DTensor sharded over
 the vocabulary; the root entry ``""`` gathers them into an ordinary tensor for the loss. Tied embeddings work
 because the embedding (row-wise) and a column-wise head both shard the ``[vocab, d_model]`` table on dim 0.
@@ -12,11 +16,15 @@ because the embedding (row-wise) and a column-wise head both shard the ``[vocab,
 
 from __future__ import annotations
 
-from torch.distributed.tensor import Replicate, Shard
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -24,54 +32,138 @@ from torch.distributed.tensor.parallel import (
 
 from longboat.config.base import ConfigError
 from longboat.models.llm.config import DecoderConfig
+from longboat.models.moe.config import MoEConfig
 
 
 def check_tensor_parallel(cfg: DecoderConfig, tp: int) -> None:
-    """Each TP rank must hold whole query and key/value heads."""
-    if tp > 1 and (cfg.moe is not None or cfg.attention == "mla"):
-        # Experts would need expert parallelism (an ep mesh axis) and MLA a plan for its latent projections.
-        raise ConfigError(
-            f"parallel.tp={tp}: tensor parallelism supports dense grouped-query decoders only; this model has "
-            + ("mixture-of-experts layers" if cfg.moe is not None else "multi-head latent attention")
-            + " (use tp=1 with FSDP/DDP)"
-        )
-    if tp > 1 and (cfg.n_heads % tp or cfg.kv_heads % tp):
+    """Each TP rank must hold whole query and key/value heads (MLA: whole heads; its latent is shared by all)."""
+    if tp == 1:
+        return
+    if cfg.attention == "mla":
+        if cfg.n_heads % tp:
+            raise ConfigError(
+                f"parallel.tp={tp} must divide the model's n_heads ({cfg.n_heads}) so that each rank holds whole heads"
+            )
+    elif cfg.n_heads % tp or cfg.kv_heads % tp:
         raise ConfigError(
             f"parallel.tp={tp} must divide the model's n_heads ({cfg.n_heads}) and n_kv_heads ({cfg.kv_heads}) "
             "so that each rank holds whole heads"
         )
 
 
-def tensor_parallel_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
-    """Module name pattern (``*`` matches one block index; ``""`` is the root) → parallel style."""
-    block_input = PrepareModuleInput(  # attention(x, cos, sin, cache, mask): gather x; the rest stay plain tensors
+def _gathered_input() -> PrepareModuleInput:
+    """A block's first argument arrives sharded over the sequence and is gathered; the rest stay plain tensors."""
+    return PrepareModuleInput(
         input_layouts=(Shard(1), None, None, None, None),
         desired_input_layouts=(Replicate(), None, None, None, None),
         use_local_output=True,
     )
+
+
+def _attention_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
+    """Grouped-query attention: q, k and v column-parallel by head, the output row-parallel back onto the sequence."""
     plan: dict[str, ParallelStyle] = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "layers.*.attention_norm": SequenceParallel(),
-        "layers.*.attention": block_input,
         "layers.*.attention.wq": ColwiseParallel(),
         "layers.*.attention.wk": ColwiseParallel(),
         "layers.*.attention.wv": ColwiseParallel(),
         "layers.*.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-        "layers.*.ffn_norm": SequenceParallel(),
-        "layers.*.feed_forward": PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
-        ),
-        "layers.*.feed_forward.w1": ColwiseParallel(),
-        "layers.*.feed_forward.w3": ColwiseParallel(),
-        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        # Logits [B, T, vocab] leave the model whole, so the task's loss needs no parallel awareness.
-        "": PrepareModuleOutput(output_layouts=Shard(-1), desired_output_layouts=Replicate(), use_local_output=True),
     }
     if cfg.qk_norm:
         # Per-head norms see this rank's heads ([B, T, local heads, head_dim]): shards of dim 2.
         plan["layers.*.attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         plan["layers.*.attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    return plan
+
+
+class SumKeyGradient(ParallelStyle):
+    """Sum over tp the gradient of a replicated linear layer's last ``width`` outputs; the forward is unchanged.
+
+    For MLA's decoupled RoPE key k_pe (the tail of kv_a_proj_with_mqa): all heads share it, and each rank's
+    attention uses it for its own heads only, so the gradient a rank computes is its heads' share. The latent c_kv,
+    the other outputs, reaches the heads through the column-parallel kv_b_proj, whose backward sums the shares.
+    """
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def _sum_tail_gradient(self, out: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        head, tail = out.split([out.shape[-1] - self.width, self.width], dim=-1)
+        # Replicated going in, Partial gradient coming out: identity forward, all-reduce backward.
+        tail = DTensor.from_local(tail, mesh, (Replicate(),), run_check=False).to_local(grad_placements=(Partial(),))
+        return torch.cat((head, tail), dim=-1)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.register_forward_hook(lambda _, inputs, out: self._sum_tail_gradient(out, device_mesh))
+        return module
+
+
+def _latent_attention_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
+    """MLA: heads split over tp. The latent (down) projections and their norms stay replicated, every rank computing
+    the whole (small) latent, which the column-parallel up projections expand into its heads."""
+    query_up = "layers.*.attention.q_proj" if cfg.q_lora_rank is None else "layers.*.attention.q_b_proj"
+    return {
+        query_up: ColwiseParallel(),
+        "layers.*.attention.kv_a_proj_with_mqa": SumKeyGradient(cfg.qk_rope_head_dim),
+        "layers.*.attention.kv_b_proj": ColwiseParallel(),
+        "layers.*.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _swiglu_plan(prefix: str, output: Placement) -> dict[str, ParallelStyle]:
+    return {
+        f"{prefix}.w1": ColwiseParallel(),
+        f"{prefix}.w3": ColwiseParallel(),
+        f"{prefix}.w2": RowwiseParallel(output_layouts=output),
+    }
+
+
+def _moe_plan(prefix: str, cfg: MoEConfig) -> dict[str, ParallelStyle]:
+    """A mixture of experts on the gathered sequence. The router and the routed experts stay replicated (sharding
+    experts is expert parallelism's job): every rank routes and runs the whole sequence identically, so their
+    gradients and the aux losses and load counts come out once, not tp times. The shared experts are split like a
+    dense feed-forward but all-reduce their output, which adds to the replicated routed one; the rank then keeps its
+    slice of the sequence (no communication; the backward gathers the gradient)."""
+    plan: dict[str, ParallelStyle] = {
+        prefix: PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+            output_layouts=(Replicate(), None), desired_output_layouts=(Shard(1), None),  # (y, aux dict)
+        ),
+    }
+    if cfg.n_shared_experts:
+        plan.update(_swiglu_plan(f"{prefix}.shared_experts", Replicate()))
+    return plan
+
+
+def _feed_forward_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
+    dense_input = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
+    if cfg.moe is None:
+        return {"layers.*.feed_forward": dense_input, **_swiglu_plan("layers.*.feed_forward", Shard(1))}
+    plan: dict[str, ParallelStyle] = {}
+    for i in range(cfg.n_layers):  # dense and MoE layers differ, so entries name their block
+        prefix = f"layers.{i}.feed_forward"
+        if cfg.is_moe_layer(i):
+            plan.update(_moe_plan(prefix, cfg.moe))
+        else:
+            plan.update({prefix: dense_input, **_swiglu_plan(prefix, Shard(1))})
+    return plan
+
+
+def tensor_parallel_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
+    """Module name pattern (``*`` matches one block index; ``""`` is the root) → parallel style."""
+    attention = _latent_attention_plan(cfg) if cfg.attention == "mla" else _attention_plan(cfg)
+    plan: dict[str, ParallelStyle] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "layers.*.attention_norm": SequenceParallel(),
+        "layers.*.attention": _gathered_input(),  # attention(x, cos, sin, cache, mask)
+        **attention,
+        "layers.*.ffn_norm": SequenceParallel(),
+        **_feed_forward_plan(cfg),
+        "norm": SequenceParallel(),
+        # Logits [B, T, vocab] leave the model whole, so the task's loss needs no parallel awareness.
+        "": PrepareModuleOutput(output_layouts=Shard(-1), desired_output_layouts=Replicate(), use_local_output=True),
+    }
     if not cfg.tie_embeddings:
         plan["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
     return plan

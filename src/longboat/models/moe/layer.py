@@ -6,7 +6,6 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 
 from longboat.models.moe.config import MoEConfig
@@ -42,9 +41,6 @@ class MoE(nn.Module):
         # Routed copies per expert since the last bias update (training forwards only); an integer
         # buffer, so casting the model to bf16 leaves the counts exact.
         self.register_buffer("load_since_update", torch.zeros(cfg.n_experts, dtype=torch.long), persistent=False)
-        # Data-parallel ranks, set from outside (distributed.parallelize): in training the Switch loss then counts
-        # the load of every rank's tokens, as one process given the whole batch would.
-        self.balance_group: dist.ProcessGroup | None = None
         self.init_weights()
 
     @torch.no_grad()
@@ -113,7 +109,7 @@ class MoE(nn.Module):
         if cfg.aux_loss != "none":
             probs = token_fractions(routing.scores, cfg.score_func)
             if cfg.aux_loss == "switch":
-                balance = switch_balance_loss(probs, *self._batch_load(load, probs.shape[0]))
+                balance = switch_balance_loss(probs, load)
             else:
                 n = probs.shape[0]
                 balance = sequence_balance_loss(
@@ -128,15 +124,6 @@ class MoE(nn.Module):
         aux["load"] = load.float()
         aux["dropped"] = (load - kept).float()
         return aux
-
-    @torch.no_grad()
-    def _batch_load(self, load: Tensor, n_tokens: int) -> tuple[Tensor, Tensor | int]:
-        """(copies per expert, tokens) over every rank of ``balance_group`` in training, else this forward's."""
-        if self.balance_group is None or not self.training:
-            return load, n_tokens
-        # The functional all-reduce is traceable, so compiled blocks keep one graph.
-        total = funcol.all_reduce(torch.cat([load, load.new_tensor([n_tokens])]), "sum", self.balance_group)
-        return total[:-1], total[-1]
 
     @torch.no_grad()
     def update_expert_bias(self, load: Tensor | None = None, group: dist.ProcessGroup | None = None) -> None:

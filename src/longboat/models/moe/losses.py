@@ -12,15 +12,13 @@ def token_fractions(scores: Tensor, score_func: str) -> Tensor:
     return scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
 
 
-def switch_balance_loss(probs: Tensor, load: Tensor, n_tokens: Tensor | int | None = None) -> Tensor:
+def switch_balance_loss(probs: Tensor, load: Tensor) -> Tensor:
     """E * sum_i f_i * P_i (Switch Transformer; transformers' `load_balancing_loss_func`).
 
-    probs [N, E] per-token probabilities; load [E] routed token copies per expert among ``n_tokens`` tokens
-    (default N; more when load counts the tokens of other data-parallel ranks too).
-    f_i = load_i / n_tokens (sums to top_k, as in transformers), P_i = mean over tokens of probs[:, i].
+    probs [N, E] per-token probabilities; load [E] routed token copies per expert.
+    f_i = load_i / N (sums to top_k, as in transformers), P_i = mean over tokens of probs[:, i].
     """
-    n_experts = probs.shape[1]
-    n_tokens = probs.shape[0] if n_tokens is None else n_tokens
+    n_tokens, n_experts = probs.shape
     return n_experts * (load.to(probs.dtype) / n_tokens * probs.mean(dim=0)).sum()
 
 

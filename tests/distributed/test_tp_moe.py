@@ -1,0 +1,113 @@
+"""Mixture of experts and latent attention under tensor parallel, and combined layouts, on real gloo ranks.
+
+A small DeepSeek-V3 (latent attention, a dense first layer, MoE with a shared expert) and a small Qwen3-MoE train
+with the real Trainer under TP 2 and FSDP 2 × TP 2, a small dense decoder under HSDP (2 replicas × 2 shards) × TP 2
+on 8 ranks, and each must follow one process's loss curve and end at its weights. A TP checkpoint resumes under FSDP, and a run whose torchrun gets
+SIGTERM stops with one complete checkpoint, which resumes the curve in one process.
+"""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from longboat.checkpoint.dcp import COMPLETE_MARKER
+from longboat.models import build_model
+from longboat.trainer.metrics import read_metrics
+from tests.distributed.conftest import WORKER, finish, free_ports, start, torchrun
+from tests.distributed.test_parallelize import _assert_same_run
+from tests.distributed.train_worker import CASES, MODELS, SAVE_AT, STEPS, run_case
+
+pytestmark = pytest.mark.slow
+
+STOPPED = "stopped_tp_deepseek"
+
+
+def _last_step(run_dir) -> int:
+    try:
+        return max((r["step"] for r in read_metrics(run_dir)), default=0)
+    except json.JSONDecodeError:  # a line being written
+        return 0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One torchrun launch per world size, overlapping the single-process references; the 2-rank launch ends with a
+    run that the test stops by sending SIGTERM to torchrun."""
+    out = tmp_path_factory.mktemp("tp_moe")
+    port2, port4, port8 = free_ports(3)
+    threads = torch.get_num_threads()
+    launches = {
+        "eight": start(torchrun(8, port8, str(WORKER), str(out), "hsdp_tp"), out / "eight.log"),
+        "four": start(torchrun(4, port4, str(WORKER), str(out), "fsdp_tp_deepseek", "fsdp_tp_qwen3moe"),
+                      out / "four.log"),
+        "two": start(torchrun(2, port2, str(WORKER), str(out), "tp_deepseek", "tp_qwen3moe", "fsdp_from_tp_deepseek",
+                              STOPPED), out / "two.log"),
+    }
+    try:
+        run_case(out, "single")
+        run_case(out, "single_deepseek")
+        run_case(out, "single_qwen3moe")
+        run_case(out, "single_qwen3moe_accum")
+        two = launches["two"]
+        deadline = time.monotonic() + 300
+        while _last_step(out / STOPPED) < CASES[STOPPED].slow_from:  # then every later step takes a second
+            assert two.poll() is None, (out / "two.log").read_text()[-6000:]
+            assert time.monotonic() < deadline, f"{STOPPED} did not reach step {CASES[STOPPED].slow_from}"
+            time.sleep(0.05)
+        os.kill(two.pid, signal.SIGTERM)  # torchrun passes it on to its ranks
+        finish(launches.pop("two"), out / "two.log", timeout=120)
+        run_case(out, "single_from_stopped")
+    finally:
+        torch.set_num_threads(threads)
+        logs = {name: finish(proc, out / f"{name}.log", timeout=400) for name, proc in launches.items()}
+    for name, log in logs.items():
+        assert launches[name].returncode == 0, log[-6000:]
+    return out
+
+
+# The one-process reference of each case. Each data-parallel rank computes the aux loss of its own micro-batch: the
+# DeepSeek sequence-wise loss is a mean over sequences, which splitting the batch leaves unchanged, the Switch loss
+# of Qwen3-MoE is not, so its reference accumulates the same two halves.
+REFERENCES = {
+    "tp_deepseek": "single_deepseek",
+    "tp_qwen3moe": "single_qwen3moe",
+    "fsdp_tp_deepseek": "single_deepseek",
+    "fsdp_tp_qwen3moe": "single_qwen3moe_accum",
+    "hsdp_tp": "single",  # the combined layout, on the smallest (dense) model
+}
+
+
+@pytest.mark.parametrize("case", list(REFERENCES))
+def test_tensor_parallel_layouts_match_one_process(runs, case):
+    """Equal losses, gradient norms and weights: replicated routers, experts and latents get their gradient once,
+    not tp times, and the aux losses and load counts (which steer the expert bias) are counted once."""
+    model, ref = CASES[case].model, REFERENCES[case]
+    _assert_same_run(runs, case, ref)
+    first = torch.load(runs / ref / "final.pt", weights_only=True)
+    torch.manual_seed(0)  # as train_worker.run_case
+    init = build_model("decoder", MODELS[model]).state_dict()
+    assert max((first[k] - init[k]).abs().max().item() for k in first) > 0.05  # the weights really moved
+    if model == "deepseek":
+        bias = first["layers.1.feed_forward.router.expert_bias"]
+        assert bias.abs().max() > 0  # the bias balancing ran, on the same loads as in one process
+
+
+def test_tensor_parallel_checkpoint_resumes_under_fsdp(runs):
+    _assert_same_run(runs, "fsdp_from_tp_deepseek", "single_deepseek", first_step=SAVE_AT + 1)
+
+
+def test_sigterm_to_torchrun_saves_one_checkpoint_that_resumes(runs):
+    """The ranks finish their step, agree to stop, write one complete checkpoint and exit; one process resumes it
+    and follows the uninterrupted curve."""
+    checkpoints = runs / STOPPED / "checkpoints"
+    saved = sorted(p.name for p in checkpoints.iterdir())
+    assert len(saved) == 1 and (checkpoints / saved[0] / COMPLETE_MARKER).is_file(), saved
+    step = int(saved[0].removeprefix("step_"))
+    assert CASES[STOPPED].slow_from <= step < STEPS, "the run should have stopped mid-way"
+    assert _last_step(runs / STOPPED) == step  # nothing trained past the checkpoint
+    assert f"saving a checkpoint at step {step} and stopping" in (runs / "two.log").read_text()
+    _assert_same_run(runs, "single_from_stopped", "single_deepseek", first_step=step + 1)

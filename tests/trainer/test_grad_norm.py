@@ -1,0 +1,30 @@
+"""clip_grad_norm: torch's total norm and clipping, for parameters on any mix of meshes (here: plain tensors)."""
+
+import pytest
+import torch
+
+from longboat.trainer.grad_norm import clip_grad_norm
+
+
+def _params(scale: float) -> list[torch.nn.Parameter]:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in ((5, 3), (4,), (2,))]
+    for p in params[:2]:
+        p.grad = torch.randn_like(p) * scale
+    return params  # the last one has no gradient
+
+
+@pytest.mark.parametrize("max_norm", [float("inf"), 100.0, 0.5])
+def test_matches_torch(max_norm):
+    ours, theirs = _params(3.0), _params(3.0)
+    norm = clip_grad_norm(ours, max_norm)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    torch.testing.assert_close(norm, expected)
+    for p, q in zip(ours[:2], theirs[:2]):
+        torch.testing.assert_close(p.grad, q.grad)
+    clipped = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ours[:2]]))
+    assert clipped.item() == pytest.approx(min(max_norm, norm.item()), rel=1e-5)
+
+
+def test_no_gradients():
+    assert clip_grad_norm([torch.nn.Parameter(torch.ones(2))], 1.0).item() == 0.0
