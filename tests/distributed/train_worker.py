@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.data import Dataset
 
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
+from longboat.distributed.pipeline import build_pipeline
 from longboat.models import build_model
 from longboat.models import get_model
 from longboat.tasks.lm_loss import make_lm_loss
@@ -36,6 +37,7 @@ BASE = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, f
 MODELS = {
     "tied": dict(BASE, tie_embeddings=True),
     "untied_qk": dict(BASE, tie_embeddings=False, qk_norm=True, qkv_bias=True),
+    "untied_4": dict(BASE, tie_embeddings=False, n_layers=4),  # two stages per rank at pp 2
 }
 
 
@@ -51,7 +53,9 @@ class Case:
 CASES = {
     # single process (no torchrun): the references
     "single": Case("tied", save_every=SAVE_AT),
-    "single_qk": Case("untied_qk"),
+    "single_qk": Case("untied_qk", save_every=SAVE_AT),
+    "single_4": Case("untied_4"),
+    "single_qk_from_pp": Case("untied_qk", resume_from=f"pp_1f1b/checkpoints/step_{SAVE_AT:08d}"),
     "single_from_fsdp": Case("tied", resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     # 2 ranks
     "fsdp": Case("tied", save_every=SAVE_AT),
@@ -61,9 +65,16 @@ CASES = {
     "tp": Case("tied", {"tp": 2}),
     "ddp_from_fsdp": Case("tied", {"data_parallel": "ddp"}, resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     "fsdp_from_single": Case("tied", resume_from=f"single/checkpoints/step_{SAVE_AT:08d}"),
+    "pp_gpipe": Case("untied_qk", {"pp": 2, "pp_schedule": "gpipe"}, grad_accum=2),
+    "pp_1f1b": Case("untied_qk", {"pp": 2}, save_every=SAVE_AT, grad_accum=2),
+    "pp_interleaved": Case("untied_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
+                           grad_accum=4),
+    "pp_from_single": Case("untied_qk", {"pp": 2}, resume_from=f"single_qk/checkpoints/step_{SAVE_AT:08d}",
+                           grad_accum=2),
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
+    "pp_fsdp": Case("untied_qk", {"pp": 2, "dp_shard": 2}, grad_accum=2),
 }
 
 
@@ -97,8 +108,14 @@ def run_case(out: Path, name: str) -> None:
     torch.manual_seed(0)
     model_cfg = MODELS[case.model]
     model = build_model("decoder", model_cfg)
-    plan = get_model("decoder").tensor_parallel_plan(model.cfg, dims.tp)
-    model = parallelize(model, mesh, cfg, plan, "cpu")
+    spec = get_model("decoder")
+    loss = make_lm_loss(False)
+    pipeline = None
+    if dims.pp > 1:
+        model, pipeline = build_pipeline(model, spec.pipeline_split(model.cfg), mesh, cfg, loss, case.grad_accum,
+                                         "cpu", spec.parallel_units)
+    else:
+        model = parallelize(model, mesh, cfg, spec.tensor_parallel_plan(model.cfg, dims.tp), "cpu")
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
     run_dir = out / name
@@ -112,11 +129,16 @@ def run_case(out: Path, name: str) -> None:
         tensorboard=False, threads=1, optimizer={"lr": LR, "eps": ADAM_EPS}, schedule={"kind": "constant"},
     )
     trainer = Trainer(
-        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, make_lm_loss(False),
-        RepeatingTokens(), dp=dp, device=torch.device("cpu"),
+        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, loss,
+        RepeatingTokens(), dp=dp, device=torch.device("cpu"), pipeline=pipeline,
     )
     trainer.fit()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if pipeline is None:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:  # each stage holds its own parameters: gather them all on rank 0
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
+        state = {k: v for part in parts for k, v in part.items()}
     if _rank() == 0:
         torch.save(state, run_dir / "final.pt")
     _barrier()
