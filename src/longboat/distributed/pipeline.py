@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from longboat.config.base import ConfigError
@@ -214,3 +215,22 @@ def build_pipeline(
     group = mesh.pp.get_group()
     stages = [PipelineStage(view, s, n_stages, device, group=group) for view, s in zip(views, stage_ids)]
     return model, Pipeline(model, stages, cfg, mesh, loss, n_microbatches)
+
+
+def pipeline_layer_count(model: nn.Module, split: PipelineSplit, cfg: ParallelConfig) -> list[int]:
+    """The layers of each stage ``cfg`` gives ``model`` (checked; the model may be on the meta device)."""
+    layers = _check_split(model, split)
+    return stage_layer_counts(len(layers), cfg.pp * cfg.pp_virtual_stages, cfg.pp_layers)
+
+
+def gather_full_state(model: nn.Module, mesh: ParallelMesh) -> dict[str, torch.Tensor]:
+    """Every stage's full parameters on rank 0, on CPU (an empty dict elsewhere), for an export.
+
+    Each stage's first data-parallel rank gathers its stage, then sends it to rank 0 through the object
+    collectives: simple, and memory-hungry on rank 0 for very large models.
+    """
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    mine = {k: v.cpu() for k, v in state.items()} if mesh.dp_rank == 0 else {}
+    parts: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
