@@ -176,6 +176,16 @@ def test_bad_input_fails_in_one_line(dataset, tmp_path, capsys, override, messag
     assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
+def test_a_prompt_tokenizer_larger_than_the_backbone_vocabulary_fails_in_one_line(dataset, tmp_path, capsys):
+    config = tmp_path / "vla.yaml"
+    config.write_text(json.dumps(run_config(dataset, tmp_path, model={"arch": "flow_vla", "tokenizer": str(TOKENIZER)},
+                                            cameras=[], transforms=[NORMALIZE], valid_fraction=0)))
+    code = main(["train", str(config), "model.backbone.vocab_size=100", "--check"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "has 436 tokens, more than model.backbone.vocab_size=100" in err
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "policy").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_policy_config_loads(dataset, tmp_path, path):
     cameras = yaml.safe_load(path.read_text())["data"].get("cameras")

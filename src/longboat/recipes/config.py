@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from longboat.config.base import ConfigError, StrictModel, apply_overrides, dump_yaml, load_yaml, validate
+from longboat.config.base import ConfigError, StrictModel, apply_overrides, deep_merge, dump_yaml, load_yaml, validate
 from longboat.distributed.config import ParallelConfig
 from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.lora import LoRAConfig
@@ -66,7 +66,8 @@ def model_fields(spec: dict, source: str) -> tuple[str, dict]:
     arch = spec.pop("arch", "decoder")
     preset = spec.pop("preset", None)
     model_spec = get_model(arch)
-    return arch, {**(model_spec.load_preset(preset) if preset else {}), **spec}
+    # Nested sections merge key by key, as `inherit:` does: `model.vision.n_layers=4` keeps the preset's other fields.
+    return arch, deep_merge(model_spec.load_preset(preset) if preset else {}, spec)
 
 
 def resolve(data: dict, source: str = "config", base_dir: str | Path | None = None,

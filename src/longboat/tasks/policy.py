@@ -195,9 +195,15 @@ class PolicyTask(Task):
         if model_len is not None and length > model_len:
             raise ConfigError(f"data.max_prompt_len={length} exceeds model.max_prompt_len={model_len}")
         try:
-            return PromptTokens(Tokenizer(tokenizer), length)
+            tok = Tokenizer(tokenizer)
         except TokenizerError as e:
             raise ConfigError(f"model.tokenizer: {e}") from None
+        backbone = getattr(model_cfg, "backbone", None)
+        if backbone is not None and tok.vocab_size > backbone.vocab_size:
+            # An id past the embedding table would fail only when a prompt first uses it, mid-training.
+            raise ConfigError(f"model.tokenizer: {tokenizer} has {tok.vocab_size} tokens, more than "
+                              f"model.backbone.vocab_size={backbone.vocab_size}")
+        return PromptTokens(tok, length)
 
     # ---- data and loss -----------------------------------------------------------------------------------------
     def build(self, model_cfg: PolicyConfig, train_cfg, seed: int, dp_size: int) -> TaskData:

@@ -97,6 +97,19 @@ def test_shapes_and_registration():
     assert model_state_only(make_batch(model_state_only.cfg, 2))["loss"].shape == (2,)
 
 
+def test_meta_init_builds_the_default_initialisation():
+    torch.manual_seed(0)
+    reference = DiffusionPolicy(tiny())
+    with torch.device("meta"):
+        model = DiffusionPolicy(tiny())
+    model.to_empty(device="cpu")
+    model.init_weights()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.isfinite(p).all(), name
+        assert p.std().item() == pytest.approx(q.std().item(), rel=0.5, abs=1e-6), name
+    assert torch.isfinite(model(make_batch(model.cfg, 2))["loss"]).all()
+
+
 def test_presets_build():
     for name in DIFFUSION.preset_names():
         cfg = validate(DiffusionConfig, {**DIFFUSION.load_preset(name), "state_dim": 4, "action_dim": 4,

@@ -28,6 +28,14 @@ class DiffusionPolicy(Policy):
         self.scheduler = NoiseScheduler(cfg.train_timesteps, cfg.prediction,
                                         cfg.clip_sample_range if cfg.clip_sample else None)
 
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """PyTorch's default initialisation of every layer (as Diffusion Policy trains); valid after ``to_empty``,
+        so ``parallel.meta_init`` can build the policy."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Per-sample denoising loss: the MSE of the U-Net's prediction (noise or clean actions) at the sample's
         timestep, both drawn from its ``noise_key``."""

@@ -20,8 +20,9 @@ def squared_cosine_alphas_cumprod(timesteps: int, max_beta: float = 0.999) -> to
     def f(s: float) -> float:
         return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
 
+    # A constant table, always on the CPU (also when the policy is built on the meta device); used on any device.
     betas = torch.tensor([min(1 - f((i + 1) / timesteps) / f(i / timesteps), max_beta) for i in range(timesteps)],
-                         dtype=torch.float64)
+                         dtype=torch.float64, device="cpu")
     return torch.cumprod(1 - betas, dim=0)
 
 
