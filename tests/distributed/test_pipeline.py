@@ -6,10 +6,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from longboat.cli.main import main
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelConfig, resolve_dims
 from longboat.distributed.pipeline import StageLayers, _keep, check_microbatches, stage_layer_counts
 from longboat.models import build_model, get_model
+from tests.conftest import REPO
 from tests.distributed.conftest import WORKER, finish, free_ports, start, torchrun
 from tests.distributed.test_parallelize import _assert_same_run
 from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
@@ -83,6 +85,23 @@ def test_stages_keep_full_model_names_and_chain_to_the_full_forward():
     for stage in stages:
         h = stage(h)
     torch.testing.assert_close(h, full(tokens))
+
+
+# The pipeline checks run before the data is read, so these need no corpus.
+NO_DATA = ["data.tokenizer=missing", "data.paths=[missing]", "data.seq_len=16", "train.steps=1", "model.n_layers=2",
+           "model.tie_embeddings=false", "parallel.pp=2", "train.grad_accum=2", "train.eval_batches=2"]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.tie_embeddings=true", "parallel.pp > 1 needs model.tie_embeddings=false"),
+    ("parallel.pp_layers=[2,1]", "parallel.pp_layers=[2, 1] sums to 3 layers, but the model has 2"),
+    ("train.grad_accum=1", "train.grad_accum=1: parallel.pp_schedule=1f1b needs at least one micro-batch per stage"),
+    ("train.eval_batches=3", "train.eval_batches=3 must be a multiple of train.grad_accum=2"),
+])
+def test_train_check_names_the_pipeline_mistake(capsys, override, message):
+    code = main(["train", str(REPO / "configs/pretrain/quickstart.yaml"), *NO_DATA, override, "--check", "--nproc", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
 # ---- real ranks --------------------------------------------------------------------------------------------

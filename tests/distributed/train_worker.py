@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.data import Dataset
 
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
-from longboat.distributed.pipeline import build_pipeline
+from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.models import build_model
 from longboat.models import get_model
 from longboat.tasks.lm_loss import make_lm_loss
@@ -137,10 +137,8 @@ def run_case(out: Path, name: str) -> None:
     trainer.fit()
     if pipeline is None:
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:  # each stage holds its own parameters: gather them all on rank 0
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
-        state = {k: v for part in parts for k, v in part.items()}
+    else:  # each stage holds its own parameters, gathered on rank 0 as for an export
+        state = gather_full_state(model, mesh)
     if _rank() == 0:
         torch.save(state, run_dir / "final.pt")
     _barrier()

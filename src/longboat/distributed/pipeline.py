@@ -217,7 +217,7 @@ def build_pipeline(
     return model, Pipeline(model, stages, cfg, mesh, loss, n_microbatches)
 
 
-def pipeline_layer_count(model: nn.Module, split: PipelineSplit, cfg: ParallelConfig) -> list[int]:
+def pipeline_layer_counts(model: nn.Module, split: PipelineSplit, cfg: ParallelConfig) -> list[int]:
     """The layers of each stage ``cfg`` gives ``model`` (checked; the model may be on the meta device)."""
     layers = _check_split(model, split)
     return stage_layer_counts(len(layers), cfg.pp * cfg.pp_virtual_stages, cfg.pp_layers)

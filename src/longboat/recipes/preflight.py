@@ -15,7 +15,7 @@ import yaml
 from longboat.checkpoint.dcp import CheckpointManager
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
-from longboat.distributed.pipeline import check_microbatches, pipeline_layer_count
+from longboat.distributed.pipeline import check_microbatches, pipeline_layer_counts
 from longboat.models import get_model
 from longboat.models.lora import apply_lora
 from longboat.models.registry import PipelineSplit
@@ -60,7 +60,7 @@ def check_pipeline(resolved: ResolvedRun) -> PipelineSplit:
     cfg = resolved.cfg
     split = resolved.spec.pipeline_split(resolved.model)
     with torch.device("meta"):
-        pipeline_layer_count(resolved.spec.build(resolved.model), split, cfg.parallel)
+        pipeline_layer_counts(resolved.spec.build(resolved.model), split, cfg.parallel)
     check_microbatches(cfg.parallel, cfg.train.grad_accum)
     if cfg.train.eval_batches % cfg.train.grad_accum:
         raise ConfigError(f"train.eval_batches={cfg.train.eval_batches} must be a multiple of train.grad_accum="
