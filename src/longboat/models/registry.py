@@ -99,7 +99,6 @@ class ModelSpec:
             raise ConfigError(f"model '{self.name}' has no tensor-parallel plan; set parallel.tp=1")
         return self.tensor_parallel(cfg, tp)
 
-
     def pipeline_split(self, cfg: StrictModel) -> PipelineSplit:
         if self.pipeline is None:
             raise ConfigError(f"model '{self.name}' cannot be split into pipeline stages; set parallel.pp=1")
