@@ -76,7 +76,8 @@ CASES = {
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
     "pp_fsdp": Case("untied_qk", {"pp": 2, "dp_shard": 2}, grad_accum=2),
     "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
-                                             "pp_virtual_stages": 2}, grad_accum=2),
+                                             "pp_virtual_stages": 2, "activation_checkpointing": "full"},
+                                grad_accum=2),
 }
 
 
