@@ -29,7 +29,7 @@ def test_received_rows_are_regrouped_expert_major_in_source_order():
 
 
 def test_expert_parallel_degree_is_checked_before_any_collective():
-    assert resolve_dims(ParallelConfig(ep=2), 4) == ParallelDims(1, 4, 1, 2)
+    assert resolve_dims(ParallelConfig(ep=2), 4) == ParallelDims(1, 4, 1, ep=2)
     with pytest.raises(ConfigError, match=r"parallel.ep=4 must divide parallel.dp_shard=2"):
         resolve_dims(ParallelConfig(ep=4, dp_replicate=2), 4)
     with pytest.raises(ConfigError, match="parallel.ep=2 needs parallel.data_parallel=fsdp"):

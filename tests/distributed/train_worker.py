@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, default_collate
 
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
 from longboat.distributed.parallelize import plain_name
+from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.models import build_model
 from longboat.models import get_model
 from longboat.tasks.lm_loss import make_lm_loss
@@ -53,6 +54,7 @@ MODELS = {
     "qwen3moe": dict(BASE, qk_norm=True, moe=dict(MOE, aux_loss="switch", z_loss_coef=1e-3)),
     # Capacity 1.0 drops 8-24 of each layer's 64 routed copies per 2-sample micro-batch.
     "qwen3moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, capacity_factor=1.0)),
+    "untied_4": dict(BASE, tie_embeddings=False, n_layers=4),  # two stages per rank at pp 2
 }
 
 
@@ -70,7 +72,9 @@ class Case:
 CASES = {
     # single process (no torchrun): the references
     "single": Case("tied", save_every=SAVE_AT),
-    "single_qk": Case("untied_qk"),
+    "single_qk": Case("untied_qk", save_every=SAVE_AT),
+    "single_4": Case("untied_4"),
+    "single_qk_from_pp": Case("untied_qk", resume_from=f"pp_1f1b/checkpoints/step_{SAVE_AT:08d}"),
     "single_from_fsdp": Case("tied", resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     # 2 ranks
     "fsdp": Case("tied", save_every=SAVE_AT),
@@ -80,6 +84,12 @@ CASES = {
     "tp": Case("tied", {"tp": 2}),
     "ddp_from_fsdp": Case("tied", {"data_parallel": "ddp"}, resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     "fsdp_from_single": Case("tied", resume_from=f"single/checkpoints/step_{SAVE_AT:08d}"),
+    "pp_gpipe": Case("untied_qk", {"pp": 2, "pp_schedule": "gpipe"}, grad_accum=2),
+    "pp_1f1b": Case("untied_qk", {"pp": 2}, save_every=SAVE_AT, grad_accum=2),
+    "pp_interleaved": Case("untied_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
+                           grad_accum=4),
+    "pp_from_single": Case("untied_qk", {"pp": 2}, resume_from=f"single_qk/checkpoints/step_{SAVE_AT:08d}",
+                           grad_accum=2),
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
@@ -109,6 +119,10 @@ CASES = {
     "ep_fsdp_qwen3moe": Case("qwen3moe", {"ep": 2, "activation_checkpointing": "selective"}, gradients="only"),
     "ep_hsdp_deepseek": Case("deepseek", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
                              gradients="only"),
+    "pp_fsdp": Case("untied_qk", {"pp": 2, "dp_shard": 2}, grad_accum=2),
+    "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
+                                             "pp_virtual_stages": 2, "activation_checkpointing": "full"},
+                                grad_accum=2),
 }
 
 
@@ -170,8 +184,14 @@ def run_case(out: Path, name: str) -> None:
     torch.manual_seed(0)
     model_cfg = MODELS[case.model]
     model = build_model("decoder", model_cfg)
-    plan = get_model("decoder").tensor_parallel_plan(model.cfg, dims.tp)
-    model = parallelize(model, mesh, cfg, plan, "cpu")
+    spec = get_model("decoder")
+    loss = make_lm_loss(False)
+    pipeline = None
+    if dims.pp > 1:
+        model, pipeline = build_pipeline(model, spec.pipeline_split(model.cfg), mesh, cfg, loss, case.grad_accum,
+                                         "cpu", spec.parallel_units)
+    else:
+        model = parallelize(model, mesh, cfg, spec.tensor_parallel_plan(model.cfg, dims.tp), "cpu")
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
     run_dir = out / name
@@ -191,11 +211,15 @@ def run_case(out: Path, name: str) -> None:
         tensorboard=False, threads=1, optimizer={"lr": LR, "eps": ADAM_EPS}, schedule={"kind": "constant"},
     )
     trainer = Trainer(
-        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, make_lm_loss(False),
+        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, loss,
         RepeatingTokens() if case.slow_from is None else SlowTokens(case.slow_from), dp=dp, device=torch.device("cpu"),
+        pipeline=pipeline,
     )
     trainer.fit()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if pipeline is None:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:  # each stage holds its own parameters, gathered on rank 0 as for an export
+        state = gather_full_state(model, mesh)
     if _rank() == 0:
         torch.save(state, run_dir / "final.pt")
     _barrier()
