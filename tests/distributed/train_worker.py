@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=2 tests/distributed/train_worker.py OUT CASE [CASE ...]
 
 Cases run one after another in the same process group. Each writes ``OUT/<case>/metrics.jsonl``, its
-checkpoints and ``final.pt`` (the full parameters, gathered to rank 0). Every run sees the same global batch
+checkpoints and ``final.pt`` (the full parameters, gathered to rank 0); cases that ask first write ``grads.pt``
+(the first step's full gradients). Every run sees the same global batch
 (``GLOBAL_BATCH`` consecutive samples per step), so all of them follow the single-process loss curve.
 """
 
@@ -18,9 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.utils.data import Dataset
+from torch.distributed.tensor import DTensor
+from torch.utils.data import Dataset, default_collate
 
 from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
+from longboat.distributed.parallelize import plain_name
+from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.models import build_model
 from longboat.models import get_model
 from longboat.tasks.lm_loss import make_lm_loss
@@ -48,6 +52,9 @@ MODELS = {
     ),
     # Qwen3-MoE in small: grouped-query attention with q/k norms, softmax routing in every layer, Switch aux loss.
     "qwen3moe": dict(BASE, qk_norm=True, moe=dict(MOE, aux_loss="switch", z_loss_coef=1e-3)),
+    # Capacity 1.0 drops 8-24 of each layer's 64 routed copies per 2-sample micro-batch.
+    "qwen3moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, capacity_factor=1.0)),
+    "untied_4": dict(BASE, tie_embeddings=False, n_layers=4),  # two stages per rank at pp 2
 }
 
 
@@ -59,12 +66,15 @@ class Case:
     save_every: int = 0
     grad_accum: int = 1
     slow_from: int | None = None  # from this step on, data loading takes a while (a test signals the run then)
+    gradients: str = "none"  # "first": write grads.pt before training; "only": write it and stop
 
 
 CASES = {
     # single process (no torchrun): the references
     "single": Case("tied", save_every=SAVE_AT),
-    "single_qk": Case("untied_qk"),
+    "single_qk": Case("untied_qk", save_every=SAVE_AT),
+    "single_4": Case("untied_4"),
+    "single_qk_from_pp": Case("untied_qk", resume_from=f"pp_1f1b/checkpoints/step_{SAVE_AT:08d}"),
     "single_from_fsdp": Case("tied", resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     # 2 ranks
     "fsdp": Case("tied", save_every=SAVE_AT),
@@ -74,6 +84,12 @@ CASES = {
     "tp": Case("tied", {"tp": 2}),
     "ddp_from_fsdp": Case("tied", {"data_parallel": "ddp"}, resume_from=f"fsdp/checkpoints/step_{SAVE_AT:08d}"),
     "fsdp_from_single": Case("tied", resume_from=f"single/checkpoints/step_{SAVE_AT:08d}"),
+    "pp_gpipe": Case("untied_qk", {"pp": 2, "pp_schedule": "gpipe"}, grad_accum=2),
+    "pp_1f1b": Case("untied_qk", {"pp": 2}, save_every=SAVE_AT, grad_accum=2),
+    "pp_interleaved": Case("untied_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
+                           grad_accum=4),
+    "pp_from_single": Case("untied_qk", {"pp": 2}, resume_from=f"single_qk/checkpoints/step_{SAVE_AT:08d}",
+                           grad_accum=2),
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
@@ -90,6 +106,23 @@ CASES = {
     "fsdp_from_tp_deepseek": Case("deepseek", resume_from=f"tp_deepseek/checkpoints/step_{SAVE_AT:08d}"),
     "stopped_tp_deepseek": Case("deepseek", {"tp": 2}, slow_from=3),  # stopped by SIGTERM to torchrun
     "single_from_stopped": Case("deepseek", resume_from="stopped_tp_deepseek/checkpoints"),
+    # expert parallel (test_expert_parallel.py): references in one process, then ep 2, ep 2 × FSDP 2, ep 2 × HSDP
+    "ep_single_deepseek": Case("deepseek", gradients="first"),
+    "ep_single_qwen3moe_accum": Case("qwen3moe", grad_accum=2, gradients="first"),  # as single_qwen3moe_accum
+    "single_from_ep_deepseek": Case("deepseek", resume_from=f"ep_deepseek/checkpoints/step_{SAVE_AT:08d}"),
+    "ep_deepseek": Case("deepseek", {"ep": 2}, save_every=SAVE_AT, gradients="first"),
+    "ep_qwen3moe": Case("qwen3moe", {"ep": 2}, gradients="first"),
+    # capacity applies to each rank's copies before dispatch, so ep 2 equals 2-rank FSDP, not one process
+    "fsdp_capacity": Case("qwen3moe_capacity", gradients="only"),
+    "ep_capacity": Case("qwen3moe_capacity", {"ep": 2}, gradients="only"),
+    "ep_fsdp_deepseek": Case("deepseek", {"ep": 2}, gradients="first"),
+    "ep_fsdp_qwen3moe": Case("qwen3moe", {"ep": 2, "activation_checkpointing": "selective"}, gradients="only"),
+    "ep_hsdp_deepseek": Case("deepseek", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
+                             gradients="only"),
+    "pp_fsdp": Case("untied_qk", {"pp": 2, "dp_shard": 2}, grad_accum=2),
+    "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
+                                             "pp_virtual_stages": 2, "activation_checkpointing": "full"},
+                                grad_accum=2),
 }
 
 
@@ -127,6 +160,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def save_first_gradients(model: torch.nn.Module, dp: DataParallel, path: Path) -> None:
+    """The gradients of the first global batch's mean token loss, scaled as the Trainer scales them, in full on
+    rank 0: Adam's updates hide a wrongly scaled gradient, and the norm barely sees a few small weights."""
+    data, per = RepeatingTokens(), GLOBAL_BATCH // dp.size
+    batch = default_collate([data[dp.rank * per + i] for i in range(per)])
+    model.eval()  # no aux loss and no expert-load counts, which would move the run's bias updates
+    make_lm_loss(False)(model, batch).loss_sum.backward()
+    scale = dp.size / (GLOBAL_BATCH * SEQ)  # every label counts
+    grads = {plain_name(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) * scale
+             for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    if _rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(grads, path)
+
+
 def run_case(out: Path, name: str) -> None:
     case = CASES[name]
     cfg = ParallelConfig(**case.parallel)
@@ -135,11 +184,22 @@ def run_case(out: Path, name: str) -> None:
     torch.manual_seed(0)
     model_cfg = MODELS[case.model]
     model = build_model("decoder", model_cfg)
-    plan = get_model("decoder").tensor_parallel_plan(model.cfg, dims.tp)
-    model = parallelize(model, mesh, cfg, plan, "cpu")
+    spec = get_model("decoder")
+    loss = make_lm_loss(False)
+    pipeline = None
+    if dims.pp > 1:
+        model, pipeline = build_pipeline(model, spec.pipeline_split(model.cfg), mesh, cfg, loss, case.grad_accum,
+                                         "cpu", spec.parallel_units)
+    else:
+        model = parallelize(model, mesh, cfg, spec.tensor_parallel_plan(model.cfg, dims.tp), "cpu")
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
     run_dir = out / name
+    if case.gradients != "none":
+        save_first_gradients(model, dp, run_dir / "grads.pt")
+    if case.gradients == "only":
+        _barrier()
+        return
     if case.resume_from is not None:
         src = out / case.resume_from  # one checkpoint, or a whole checkpoints/ directory
         if _rank() == 0:
@@ -151,11 +211,15 @@ def run_case(out: Path, name: str) -> None:
         tensorboard=False, threads=1, optimizer={"lr": LR, "eps": ADAM_EPS}, schedule={"kind": "constant"},
     )
     trainer = Trainer(
-        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, make_lm_loss(False),
+        train_cfg, CheckpointConfig(every=case.save_every, export=False), run_dir, model, loss,
         RepeatingTokens() if case.slow_from is None else SlowTokens(case.slow_from), dp=dp, device=torch.device("cpu"),
+        pipeline=pipeline,
     )
     trainer.fit()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if pipeline is None:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:  # each stage holds its own parameters, gathered on rank 0 as for an export
+        state = gather_full_state(model, mesh)
     if _rank() == 0:
         torch.save(state, run_dir / "final.pt")
     _barrier()

@@ -55,7 +55,8 @@ def _check(args: argparse.Namespace) -> int:
     world = launched_world_size() or args.nproc or 1
     checked = preflight(resolved, world)
     d = checked.dims
-    print(f"ok: task {resolved.cfg.task} · model {resolved.arch} · {world} rank(s): dp_replicate {d.dp_replicate} × "
+    pp = f"pp {d.pp} × " if d.pp > 1 else ""
+    print(f"ok: task {resolved.cfg.task} · model {resolved.arch} · {world} rank(s): {pp}dp_replicate {d.dp_replicate} × "
           f"dp_shard {d.dp_shard} × tp {d.tp}"
           + (f" · resumes from {checked.resume_from}" if checked.resume_from else " · starts fresh")
           + (f" · exports HF {checked.hf_family}" if checked.hf_family else ""))

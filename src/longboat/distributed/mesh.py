@@ -1,4 +1,4 @@
-"""The device mesh: named axes ``dp_replicate × dp_shard × tp``, validated before any collective runs."""
+"""The device mesh: named axes ``pp × dp_replicate × dp_shard × tp``, validated before any collective runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 
-AXES = ("dp_replicate", "dp_shard", "tp")
+AXES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class ParallelDims:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    pp: int = 1  # outermost: each stage's ranks are neighbours, as the inner axes' collectives want
+    ep: int = 1  # carved out of dp_shard, not a factor of the world size
 
     @property
     def dp(self) -> int:
@@ -27,7 +29,7 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp
+        return self.pp * self.dp * self.tp
 
 
 def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
@@ -36,19 +38,25 @@ def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
     Pure arithmetic on the config and the launch environment, so every rank raises the same error instead of
     some of them waiting in a collective.
     """
-    fixed = cfg.dp_replicate * cfg.tp
+    fixed = cfg.pp * cfg.dp_replicate * cfg.tp
+    pp = f"pp={cfg.pp} × " if cfg.pp > 1 else ""
     shard = cfg.dp_shard
     if shard == -1:
         if world_size % fixed:
             raise ConfigError(
-                f"parallel: {world_size} ranks cannot be split as dp_replicate={cfg.dp_replicate} × tp={cfg.tp} × "
+                f"parallel: {world_size} ranks cannot be split as {pp}dp_replicate={cfg.dp_replicate} × tp={cfg.tp} × "
                 f"dp_shard (the rest): {world_size} is not a multiple of {fixed}"
             )
         shard = world_size // fixed
-    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp)
+    if shard % cfg.ep:
+        raise ConfigError(
+            f"parallel.ep={cfg.ep} must divide parallel.dp_shard={shard}: the expert-parallel ranks are data-parallel "
+            "shard ranks"
+        )
+    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp, cfg.pp, cfg.ep)
     if dims.world_size != world_size:
         raise ConfigError(
-            f"parallel: dp_replicate={dims.dp_replicate} × dp_shard={dims.dp_shard} × tp={dims.tp} = "
+            f"parallel: {pp}dp_replicate={dims.dp_replicate} × dp_shard={dims.dp_shard} × tp={dims.tp} = "
             f"{dims.world_size} ranks, but the job has {world_size}; change the degrees or the number of processes "
             "(set parallel.dp_shard=-1 to use the rest)"
         )
@@ -61,14 +69,40 @@ class ParallelMesh:
     def __init__(self, dims: ParallelDims, device_type: str):
         self.dims = dims
         self.world: DeviceMesh = init_device_mesh(
-            device_type, (dims.dp_replicate, dims.dp_shard, dims.tp), mesh_dim_names=AXES
+            device_type, (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp), mesh_dim_names=AXES
         )
         # One flat axis over all data-parallel ranks: the group that splits the data and reduces the loss.
         self.dp: DeviceMesh = self.world["dp_replicate", "dp_shard"]._flatten("dp")
 
+        # Expert parallel splits dp_shard into dp_shard_mod_ep × ep: neighbouring shard ranks share out the experts.
+        self._experts: DeviceMesh | None = None
+        if dims.ep > 1:
+            self._experts = self.world._unflatten(
+                "dp_shard", (dims.dp_shard // dims.ep, dims.ep), ("dp_shard_mod_ep", "ep")
+            )
+
+    @property
+    def ep(self) -> DeviceMesh | None:
+        """The ranks that split the routed experts among them (None without expert parallel)."""
+        return self._experts["ep"] if self._experts is not None else None
+
+    @property
+    def expert_fsdp(self) -> DeviceMesh | None:
+        """What FSDP shards the experts over under expert parallel: the ``dp_shard / ep`` ranks holding the same
+        experts (with ``dp_replicate`` for HSDP)."""
+        if self._experts is None:
+            return None
+        if self.dims.dp_replicate > 1:
+            return self._experts["dp_replicate", "dp_shard_mod_ep"]
+        return self._experts["dp_shard_mod_ep"]
+
     @property
     def tp(self) -> DeviceMesh | None:
         return self.world["tp"] if self.dims.tp > 1 else None
+
+    @property
+    def pp(self) -> DeviceMesh | None:
+        return self.world["pp"] if self.dims.pp > 1 else None
 
     @property
     def fsdp(self) -> DeviceMesh:
@@ -86,7 +120,8 @@ class ParallelMesh:
         return self.dp.get_group()
 
     def __repr__(self) -> str:
-        return " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES)
+        axes = " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES if name != "pp" or self.dims.pp > 1)
+        return axes + (f" (ep {self.dims.ep} within dp_shard)" if self.dims.ep > 1 else "")
 
 
 def build_mesh(cfg: ParallelConfig, device_type: str) -> ParallelMesh:

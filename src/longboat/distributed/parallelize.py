@@ -1,7 +1,8 @@
-"""Apply parallelism to a plain model from outside: TP → activation checkpointing → compile → FSDP/DDP.
+"""Apply parallelism to a plain model from outside: EP → TP → activation checkpointing → compile → FSDP/DDP.
 
-The order matters (as in torchtitan): TP turns weights into DTensors on the ``tp`` axis, checkpointing and
-compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their DTensors.
+The order matters (as in torchtitan): EP and TP turn weights into DTensors on the ``ep`` and ``tp`` axes,
+checkpointing and compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their
+DTensors.
 Which modules are units (checkpointed, compiled, sharded one by one) the model's ``ModelSpec.parallel_units``
 says; ``meta_init`` needs the model to define ``init_weights()``.
 """
@@ -17,13 +18,14 @@ from typing import Sequence
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
+from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel, expert_modules
 from longboat.distributed.mesh import ParallelMesh
 from longboat.models.registry import spec_of
 
@@ -139,10 +141,22 @@ def apply_fsdp(model: nn.Module, units: Sequence[str], mesh: ParallelMesh, cfg: 
     for i, block in enumerate(blocks):
         # The last unit's gathered weights are needed again at once by backward: keep them.
         reshard = cfg.reshard_after_forward and i < len(blocks) - 1
+        _shard_experts(block, mesh, mp, reshard)
         fully_shard(block, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=reshard)
+    _shard_experts(model, mesh, mp, cfg.reshard_after_forward)
     fully_shard(model, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
     for name in forward_methods:
         register_fsdp_forward_method(model, name)
+
+
+def _shard_experts(module: nn.Module, mesh: ParallelMesh, mp: MixedPrecisionPolicy, reshard: bool) -> None:
+    """Under expert parallel, FSDP units of their own for the experts (not yet sharded) inside ``module``, over
+    the ranks that hold the same experts; the enclosing unit then leaves their weights alone."""
+    if mesh.expert_fsdp is None:
+        return
+    for experts in expert_modules(module):
+        if not isinstance(experts, FSDPModule):
+            fully_shard(experts, mesh=mesh.expert_fsdp, mp_policy=mp, reshard_after_forward=reshard)
 
 
 def apply_ddp(model: nn.Module, mesh: ParallelMesh, device: torch.device, cfg: ParallelConfig) -> nn.Module:
@@ -223,8 +237,11 @@ def parallelize(
             f"parallel.param_dtype={cfg.param_dtype} is applied by FSDP, which a single-process run does not use; "
             "use train.dtype=bf16 (autocast) or launch with torchrun"
         )
+    check_expert_parallel(model, cfg.ep)
     if _on_meta(model) and not _sharded_init_supported(device):
         materialize(model, device)
+    if mesh is not None and mesh.ep is not None:
+        apply_expert_parallel(model, mesh.ep)
     if mesh is not None and mesh.tp is not None:
         if tp_plan is None:
             raise ConfigError(f"{type(model).__name__} has no tensor-parallel plan; set parallel.tp=1")

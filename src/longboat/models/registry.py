@@ -41,6 +41,18 @@ class InitialWeights(Protocol):
 
 
 @dataclass(frozen=True)
+class PipelineSplit:
+    """How pipeline parallelism cuts a model, by the names of its children: the ``layers`` list into stages of
+    consecutive layers, ``first`` kept on the first stage only, ``last`` on the last stage only. Without its
+    ``first`` children the model's forward takes the previous stage's output, without ``last`` it returns its
+    layers' output."""
+
+    layers: str
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What the engine needs to know about an architecture.
 
@@ -50,7 +62,8 @@ class ModelSpec:
     pattern -> parallel style); None: the architecture has no tensor-parallel plan.
     ``forward_methods`` name methods besides ``forward`` that run the whole model (a policy's ``predict``), so
     FSDP2 gathers the weights for them too. ``initial_weights``: loaded into a new run's model before training
-    (a resumed run's checkpoint replaces them).
+    (a resumed run's checkpoint replaces them). ``pipeline(cfg)`` checks that the config can be pipelined and
+    says how to cut the model (None: no pipeline parallelism).
     """
 
     name: str
@@ -62,6 +75,7 @@ class ModelSpec:
     tensor_parallel: Callable[[Any, int], dict] | None = None
     hf: HFInterop | None = None
     initial_weights: InitialWeights | None = None
+    pipeline: Callable[[Any], PipelineSplit] | None = None
 
     def build(self, cfg: StrictModel) -> nn.Module:
         return self.module(cfg)
@@ -85,6 +99,11 @@ class ModelSpec:
         if self.tensor_parallel is None:
             raise ConfigError(f"model '{self.name}' has no tensor-parallel plan; set parallel.tp=1")
         return self.tensor_parallel(cfg, tp)
+
+    def pipeline_split(self, cfg: StrictModel) -> PipelineSplit:
+        if self.pipeline is None:
+            raise ConfigError(f"model '{self.name}' cannot be split into pipeline stages; set parallel.pp=1")
+        return self.pipeline(cfg)
 
 
 _MODELS: dict[str, ModelSpec] = {}

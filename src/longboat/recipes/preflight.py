@@ -15,8 +15,11 @@ import yaml
 from longboat.checkpoint.dcp import CheckpointManager
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
+from longboat.distributed.expert_parallel import check_expert_parallel
+from longboat.distributed.pipeline import check_microbatches, pipeline_layer_counts
 from longboat.models import get_model
 from longboat.models.lora import apply_lora
+from longboat.models.registry import PipelineSplit
 from longboat.recipes.config import ResolvedRun
 from longboat.utils.device import resolve_device
 
@@ -27,11 +30,12 @@ class Preflight:
     tp_plan: dict | None
     hf_family: str | None
     resume_from: Path | None  # the checkpoint the run will resume from, if any
+    pipeline: PipelineSplit | None = None  # how the model is cut into stages when parallel.pp > 1
 
 
 def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
-    """Device, mesh arithmetic, LoRA targets, tensor-parallel fit, HF export family, data against the model,
-    resume."""
+    """Device, mesh arithmetic, LoRA targets, tensor- and expert-parallel fit, HF export family, data against the
+    model, resume."""
     cfg = resolved.cfg
     resolve_device(cfg.train.device)
     dims = resolve_dims(cfg.parallel, world_size)
@@ -44,10 +48,29 @@ def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
         with torch.device("meta"):  # the targets checked against the model's layers, at no memory cost
             apply_lora(resolved.spec.build(resolved.model), cfg.lora)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
+    if dims.ep > 1:
+        with torch.device("meta"):
+            check_expert_parallel(resolved.spec.build(resolved.model), dims.ep)
+    pipeline = check_pipeline(resolved) if dims.pp > 1 else None
     family = hf_export_family(resolved) if cfg.checkpoint.export_hf else None
     resolved.task.check(resolved.model)
     resume_from = check_resume(resolved) if cfg.checkpoint.resume else None
-    return Preflight(dims, tp_plan, family, resume_from)
+    return Preflight(dims, tp_plan, family, resume_from, pipeline)
+
+
+def check_pipeline(resolved: ResolvedRun) -> PipelineSplit:
+    """The model can be cut into ``parallel.pp × pp_virtual_stages`` stages, and the step's micro-batches fit the
+    schedule."""
+    cfg = resolved.cfg
+    split = resolved.spec.pipeline_split(resolved.model)
+    with torch.device("meta"):
+        pipeline_layer_counts(resolved.spec.build(resolved.model), split, cfg.parallel)
+    check_microbatches(cfg.parallel, cfg.train.grad_accum)
+    if cfg.train.eval_batches % cfg.train.grad_accum:
+        raise ConfigError(f"train.eval_batches={cfg.train.eval_batches} must be a multiple of train.grad_accum="
+                          f"{cfg.train.grad_accum} with parallel.pp > 1: the pipeline evaluates a step's worth of "
+                          "micro-batches at a time")
+    return split
 
 
 def hf_export_family(resolved: ResolvedRun) -> str:

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from longboat.checkpoint.export import save_export
+from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILES
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
 from longboat.distributed import shutdown
+from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.distributed.rank0_weights import load_from_rank0
 from longboat.models.lora import apply_lora
 from longboat.recipes.artifact import export_metadata
@@ -84,8 +86,17 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     if cfg.lora is not None:
         groups = lora_param_groups(model, groups)
     n_frozen = freeze_outside(model, groups)
-    model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units,
-                        spec.forward_methods)
+    pipeline = None
+    if checked.pipeline is not None:
+        if not callable(getattr(data.loss_fn, "output_loss", None)):
+            raise ConfigError(f"parallel.pp={cfg.parallel.pp}: the {cfg.task} task's loss cannot be split into "
+                              "pipeline stages; set parallel.pp=1")
+        model, pipeline = build_pipeline(model, checked.pipeline, mesh, cfg.parallel, data.loss_fn,
+                                         cfg.train.grad_accum, runtime.device, spec.parallel_units,
+                                         spec.forward_methods)
+    else:
+        model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units,
+                            spec.forward_methods)
     if "hf" in cfg.model:
         _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
     elif spec.initial_weights is not None and spec.initial_weights.source(resolved.model) is not None:
@@ -100,12 +111,13 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     trainer = Trainer(
         cfg.train, cfg.checkpoint, run_dir, model, data.loss_fn, data.train, data.valid,
         flops_per_unit=task.flops_per_unit(resolved.model), dp=dp, device=runtime.device, hooks=task,
-        param_groups=groups, seed=cfg.seed,
+        param_groups=groups, seed=cfg.seed, pipeline=pipeline,
     )
     result = trainer.fit()
     if (cfg.checkpoint.export or cfg.checkpoint.export_hf) and not result.stopped_by_signal:
         with trainer.ema.swapped_in() if trainer.ema is not None else contextlib.nullcontext():
-            _export(model, resolved, runtime, checked.hf_family, ema=trainer.ema is not None)
+            _export(model, resolved, runtime, checked.hf_family, ema=trainer.ema is not None,
+                    mesh=mesh if pipeline is not None else None)
     return result
 
 
@@ -120,12 +132,13 @@ def _count(n: int) -> str:
 def _load_hf_weights(model: torch.nn.Module, hf_dir: str, resolved: ResolvedRun, runtime: Runtime) -> None:
     """Start from an HF checkpoint's weights (a resumed run's checkpoint overrides them later).
 
-    Rank 0 reads the files one shard file at a time; under FSDP/TP each rank receives only its own shards by
-    broadcast. The reader checks that every base tensor is there before any is sent; LoRA adapters, which the
-    checkpoint does not hold, keep their initial values.
+    Rank 0 reads the files one shard file at a time (every rank, for its own pipeline stages); under FSDP/TP each
+    rank receives only its own shards by broadcast. The reader checks that every base tensor is there before any
+    is sent; LoRA adapters, which the checkpoint does not hold, keep their initial values.
     """
-    groups = resolved.spec.hf.stream_weights(hf_dir, resolved.model) if runtime.rank == 0 else None
-    load_from_rank0(model, groups, runtime.distributed)
+    every_rank = resolved.cfg.parallel.pp > 1
+    groups = resolved.spec.hf.stream_weights(hf_dir, resolved.model) if runtime.rank == 0 or every_rank else None
+    _load_weights(model, groups, runtime, every_rank)
     console.print(f"weights from {hf_dir}")
 
 
@@ -133,16 +146,37 @@ def _load_initial_weights(model: torch.nn.Module, resolved: ResolvedRun, runtime
     """Start the parameters the spec's ``initial_weights`` cover from them (e.g. a VLA's pretrained backbone),
     the rest as initialised; a resumed run's checkpoint overrides them later."""
     weights = resolved.spec.initial_weights
-    groups = [weights.read(resolved.model)] if runtime.rank == 0 else None
-    load_from_rank0(model, groups, runtime.distributed)
+    every_rank = resolved.cfg.parallel.pp > 1
+    groups = [weights.read(resolved.model)] if runtime.rank == 0 or every_rank else None
+    _load_weights(model, groups, runtime, every_rank)
     console.print(f"initial weights from {weights.source(resolved.model)}")
 
 
-def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_family: str | None, ema: bool) -> None:
-    """Write the safetensors export from rank 0; in a distributed run every rank takes part in the gather."""
+def _load_weights(model: torch.nn.Module, groups, runtime: Runtime, every_rank: bool) -> None:
+    """Load groups of full tensors read by rank 0; under FSDP/TP each rank receives only its own shards by
+    broadcast, a group at a time.
+
+    ``every_rank``: each rank read the weights itself (pipeline stages hold different parameters) and keeps
+    those of its own stages.
+    """
+    if not every_rank:
+        load_from_rank0(model, groups, runtime.distributed)
+        return
+    own = set(get_model_state_dict(model))
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    for group in groups:
+        set_model_state_dict(model, {k: v for k, v in group.items() if k in own}, options=options)
+
+
+def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_family: str | None, ema: bool,
+            mesh: ParallelMesh | None = None) -> None:
+    """Write the safetensors export from rank 0; in a distributed run every rank takes part in the gather.
+    ``mesh`` is given for a pipeline, whose stages each hold part of the weights."""
     cfg = resolved.cfg
     weights: torch.nn.Module | dict = model
-    if runtime.distributed or cfg.checkpoint.export_hf or cfg.lora is not None:
+    if mesh is not None:
+        weights = gather_full_state(model, mesh)
+    elif runtime.distributed or cfg.checkpoint.export_hf or cfg.lora is not None:
         # Gathered tensor by tensor and moved to CPU on rank 0 only: no rank holds a second full copy on device,
         # and the other ranks get an empty dict.
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from longboat.data.labels import IGNORE_INDEX
-from longboat.trainer.trainer import LossFn, LossOutput, unwrap
+from longboat.trainer.trainer import LossOutput, unwrap
 
 
 def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -22,28 +22,28 @@ def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
-def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample: bool = False) -> LossFn:
+class LMLoss:
     """Summed next-token cross-entropy over pre-shifted labels (``IGNORE_INDEX`` skipped), plus MoE aux losses
-    in training.
+    in training; see ``make_lm_loss``. A pipeline calls its two halves on different stages: ``model_inputs`` on
+    every stage, ``output_loss`` on the last one's logits."""
 
-    The trainer divides the sum by the global count, so by default the loss is the mean over supervised tokens.
-    ``per_sample``: each sample (a segment of a packed row, else a row) contributes the mean over its own
-    tokens and the count is the number of samples, so long and short samples weigh the same.
-    ``use_segments``: the batch's ``segments`` [B, T] (packed documents, 0 for padding) keep attention within
-    each document, and throughput counts the non-padding tokens.
-    The aux loss enters as ``aux * local_count``: after normalisation it is the count-weighted mean of the
-    micro-batches' aux losses.
-    """
+    def __init__(self, use_position_ids: bool, use_segments: bool = False, per_sample: bool = False):
+        self.use_position_ids, self.use_segments, self.per_sample = use_position_ids, use_segments, per_sample
 
-    def lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+    def model_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[tuple, dict]:
         # Default positions (0..T-1) are computed inside the model; pass ids only when they reset per document.
-        positions = batch["position_ids"] if use_position_ids else None
-        segments = batch["segments"] if use_segments else None
-        logits = model(batch["tokens"], positions) if segments is None else model(batch["tokens"], positions,
-                                                                                  None, segments)
+        kwargs = {}
+        if self.use_position_ids:
+            kwargs["positions"] = batch["position_ids"]
+        if self.use_segments:
+            kwargs["segments"] = batch["segments"]
+        return (batch["tokens"],), kwargs
+
+    def output_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor], model: torch.nn.Module) -> LossOutput:
         labels = batch["labels"]
+        segments = batch["segments"] if self.use_segments else None
         units = int((segments > 0).sum()) if segments is not None else labels.numel()
-        if per_sample:
+        if self.per_sample:
             loss_sum, count = _per_sample_loss(logits, labels, segments)
         else:
             loss_sum = F.cross_entropy(
@@ -56,7 +56,24 @@ def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample:
             return LossOutput(loss_sum, count, units)
         return LossOutput(loss_sum + aux["loss"] * count, count, units, moe_metrics(aux))
 
-    return lm_loss
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        args, kwargs = self.model_inputs(batch)
+        return self.output_loss(model(*args, **kwargs), batch, model)
+
+
+def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample: bool = False) -> LMLoss:
+    """Summed next-token cross-entropy over pre-shifted labels (``IGNORE_INDEX`` skipped), plus MoE aux losses
+    in training.
+
+    The trainer divides the sum by the global count, so by default the loss is the mean over supervised tokens.
+    ``per_sample``: each sample (a segment of a packed row, else a row) contributes the mean over its own
+    tokens and the count is the number of samples, so long and short samples weigh the same.
+    ``use_segments``: the batch's ``segments`` [B, T] (packed documents, 0 for padding) keep attention within
+    each document, and throughput counts the non-padding tokens.
+    The aux loss enters as ``aux * local_count``: after normalisation it is the count-weighted mean of the
+    micro-batches' aux losses.
+    """
+    return LMLoss(use_position_ids, use_segments, per_sample)
 
 
 def _per_sample_loss(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -10,8 +10,12 @@ from torch.distributed.tensor import DTensor
 
 
 @torch.no_grad()
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
+                   across: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Scale the gradients down to a total L2 norm of at most ``max_norm``; returns the norm before (a plain tensor).
+
+    ``across`` turns this rank's norm into the whole model's where other ranks hold other parameters (pipeline
+    stages).
 
     torch's ``clip_grad_norm_`` stacks every gradient's norm into one tensor, which fails once DTensors sit on
     different meshes: tensor-parallel weights on ``dp_shard × tp`` beside the weights every tp rank replicates (MoE
@@ -25,9 +29,9 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm(group)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if not norms:
-        return torch.zeros(())
-    total = torch.linalg.vector_norm(torch.stack(norms))
+    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+    if across is not None:
+        total = across(total)
     coef = max_norm / (float(total) + 1e-6)
     if coef < 1.0:
         for g in grads:

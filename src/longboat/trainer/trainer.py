@@ -9,13 +9,14 @@ unchanged.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import signal
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,23 @@ class LossOutput:
 
 class LossFn(Protocol):
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput: ...
+
+
+class StagedLoss(LossFn, Protocol):
+    """A loss a pipeline can split between its stages: the model's inputs (every stage gets the keyword ones),
+    then the loss on the last stage's output."""
+
+    def model_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[tuple, dict]: ...
+    def output_loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor], model: nn.Module) -> LossOutput: ...
+
+
+class Pipeline(Protocol):
+    """Runs a step's micro-batches through pipeline stages (``longboat.distributed.pipeline``); every stage gets
+    the totals (summed loss, count and units; metrics averaged over the micro-batches)."""
+
+    def train_step(self, batches: list[dict]) -> LossOutput: ...
+    def evaluate(self, batches: list[dict]) -> LossOutput: ...
+    def total_norm(self, local: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -97,6 +115,7 @@ class Trainer:
         hooks: TrainerHooks | None = None,
         param_groups: list[ParamGroup] | None = None,
         seed: int = 0,
+        pipeline: Pipeline | None = None,
     ):
         self.cfg, self.ckpt_cfg = cfg, checkpoint
         self.run_dir = Path(run_dir)
@@ -107,6 +126,12 @@ class Trainer:
         self.valid_data = valid_data
         self.flops_per_unit = flops_per_unit
         self.hooks = hooks or TrainerHooks()
+        # With pipeline parallelism ``model`` is this rank's stages and the pipeline runs every forward.
+        self.pipeline = pipeline
+        if pipeline is not None and cfg.eval_batches % cfg.grad_accum:
+            raise TrainingError(f"train.eval_batches={cfg.eval_batches} must be a multiple of train.grad_accum="
+                                f"{cfg.grad_accum} with parallel.pp > 1: the pipeline evaluates a step's worth of "
+                                "micro-batches at a time")
         self.optimizer = build_optimizer(model, cfg.optimizer, param_groups)
         self.scheduler = build_scheduler(self.optimizer, cfg.steps, cfg.schedule)
         self.ema = EMA(model, cfg.ema) if cfg.ema is not None else None
@@ -212,8 +237,17 @@ class Trainer:
                 "in the dataset)"
             ) from None
 
-    def train_step(self) -> dict:
-        self.model.train()
+    def _pipelined(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, float]]:
+        batches = [_to_device(self._next_batch(), self.device) for _ in range(self.cfg.grad_accum)]
+        with self._autocast:
+            out = self.pipeline.train_step(batches)
+        count = torch.tensor(float(out.count), dtype=torch.float64, device=self.device)
+        return out.loss_sum.to(self.device), count, out.units, dict(out.metrics or {})
+
+    def _accumulate(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, float]]:
+        """Forward and backward of the step's micro-batches: (loss sum, count, units, metrics averaged)."""
+        if self.pipeline is not None:
+            return self._pipelined()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         units = 0
@@ -229,6 +263,11 @@ class Trainer:
             units += out.units
             for k, v in (out.metrics or {}).items():
                 extra[k] = extra.get(k, 0.0) + float(v) / self.cfg.grad_accum
+        return loss_sum, count, units, extra
+
+    def train_step(self) -> dict:
+        self.model.train()
+        loss_sum, count, units, extra = self._accumulate()
         totals = self._all_reduce(torch.stack([loss_sum, count]))
         global_count = max(totals[1].item(), 1.0)
         # Gradients hold the sum over this rank's items, averaged over replicas by DDP/FSDP; rescale them to
@@ -238,7 +277,9 @@ class Trainer:
             if p.grad is not None:
                 p.grad.mul_(scale)
         max_norm = self.cfg.clip_grad_norm if self.cfg.clip_grad_norm else float("inf")
-        grad_norm = clip_grad_norm(self.model.parameters(), max_norm)
+        # Over the whole model: every mesh its parameters live on, and every pipeline stage.
+        grad_norm = clip_grad_norm(self.model.parameters(), max_norm,
+                                   self.pipeline.total_norm if self.pipeline is not None else None)
         loss = totals[0].item() / global_count
         finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
@@ -272,6 +313,19 @@ class Trainer:
             **extra,
         }
 
+    def _eval_outputs(self, loader: ResumableLoader) -> Iterator[tuple[LossOutput, int]]:
+        """The loss of each validation micro-batch, or of each step's worth of them through the pipeline, with
+        the number of micro-batches it covers."""
+        batches = (_to_device(batch, self.device) for _, batch in zip(range(self.cfg.eval_batches), loader))
+        if self.pipeline is None:
+            for batch in batches:
+                with self._autocast:
+                    yield self.loss_fn(self.model, batch), 1
+            return
+        while len(group := list(itertools.islice(batches, self.cfg.grad_accum))) == self.cfg.grad_accum:
+            with self._autocast:
+                yield self.pipeline.evaluate(group), len(group)
+
     @torch.no_grad()
     def evaluate(self) -> dict | None:
         """Mean loss over ``eval_batches`` validation micro-batches (EMA weights when on), plus the task's metrics."""
@@ -284,14 +338,12 @@ class Trainer:
         sums: dict[str, float] = {}
         batches = 0
         with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
-            for _, batch in zip(range(self.cfg.eval_batches), loader):
-                with self._autocast:
-                    out = self.loss_fn(self.model, _to_device(batch, self.device))
-                loss_sum += out.loss_sum.double()
+            for out, n in self._eval_outputs(loader):
+                loss_sum += out.loss_sum.double().to(self.device)
                 count += out.count
-                batches += 1
+                batches += n
                 for k, v in (out.metrics or {}).items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                    sums[k] = sums.get(k, 0.0) + float(v) * n
         names = sorted(sums)
         values = [loss_sum, count, torch.tensor(float(batches), dtype=torch.float64, device=self.device)]
         values += [torch.tensor(sums[k], dtype=torch.float64, device=self.device) for k in names]
@@ -317,7 +369,7 @@ class Trainer:
     def _stop_requested(self) -> bool:
         flag = torch.tensor([1.0 if self._stop_signal is not None else 0.0])
         if dist.is_initialized() and dist.get_world_size() > 1:
-            # Preemption reaches ranks at different moments; all stop together, tensor-parallel ones included.
+            # Preemption reaches ranks at different moments; all stop together (tensor and pipeline ranks included).
             dist.all_reduce(flag)
         return bool(flag.item())
 

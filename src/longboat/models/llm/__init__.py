@@ -5,6 +5,7 @@ from longboat.models.llm.config import DecoderConfig, RopeScaling
 from longboat.models.llm.hf_interop import DecoderHF
 from longboat.models.llm.model import Decoder
 from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
+from longboat.models.llm.pipeline_split import decoder_pipeline_split
 from longboat.models.registry import ModelSpec, register_model
 
 DECODER = register_model(ModelSpec(
@@ -15,6 +16,7 @@ DECODER = register_model(ModelSpec(
     parallel_units=("layers",),
     tensor_parallel=checked_tensor_parallel_plan,
     hf=DecoderHF(),
+    pipeline=decoder_pipeline_split,
 ))
 load_preset = DECODER.load_preset
 preset_names = DECODER.preset_names

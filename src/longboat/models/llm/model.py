@@ -246,6 +246,8 @@ class Decoder(nn.Module):
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
+        A pipeline stage holds only some of the modules: without ``tok_embeddings`` it takes hidden states
+        [B, T, d_model] for ``tokens``, without ``norm`` (a stage before the last) it returns its layers' output.
         ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding. ``segments``
         [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
         states of padding positions (segment 0) are unspecified.
@@ -255,15 +257,16 @@ class Decoder(nn.Module):
         cos, sin = self._rope(tokens.shape[1], positions, cache)
         masked = segments is not None and not one_document_per_row(segments)
         mask = segment_attention_mask(segments) if masked else None
-        h = self.tok_embeddings(tokens)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers:
             h = layer(h, cos, sin, cache, mask)
         if cache is not None:
             cache.advance(tokens.shape[1])
-        return self.norm(h)
+        return self.norm(h) if self.norm is not None else h
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
         segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return F.linear(self.hidden_states(tokens, positions, cache, segments), self.output_weight)
+        h = self.hidden_states(tokens, positions, cache, segments)
+        return F.linear(h, self.output_weight) if self.norm is not None else h

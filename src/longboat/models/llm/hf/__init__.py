@@ -12,14 +12,11 @@ from longboat.models.llm.hf.adapter import (
     rope_from_hf,
     rope_to_hf,
 )
-from longboat.models.llm.hf.stream import HFWeights
+from longboat.models.llm.hf.stream import SINGLE_WEIGHTS, WEIGHTS_INDEX, HFWeights, check_hf_tensors
 from longboat.models.llm.hf.io import (
     GENERATION_CONFIG,
     HF_CONFIG,
     SIDE_FILES,
-    SINGLE_WEIGHTS,
-    WEIGHTS_INDEX,
-    check_hf_tensors,
     hf_config_fields,
     hf_model_config,
     load_hf_model,

@@ -23,16 +23,7 @@ from safetensors.torch import save_file
 
 from longboat.errors import LongboatError
 from longboat.models.llm.hf.adapter import HFAdapter, HFConversionError, get_hf_adapter
-from longboat.models.llm.hf.stream import (
-    SINGLE_WEIGHTS,
-    WEIGHTS_INDEX,
-    HFWeights,
-    check_hf_tensors,
-    open_shard,
-    read_json,
-    shard_error,
-    shard_files,
-)
+from longboat.models.llm.hf.stream import WEIGHTS_INDEX, HFWeights, open_shard, read_json, shard_error, shard_files
 from longboat.utils.outputs import staged_output
 
 HF_CONFIG = "config.json"

@@ -1,0 +1,236 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``: the model cut into stages of consecutive layers.
+
+Every rank builds the full model and deletes what its stages do not own, as the model spec's ``PipelineSplit``
+says: layers outside its stages, the first stage's modules (the embedding) unless it runs the first stage, the
+last stage's (final norm, head) unless it runs the last. The layers it keeps stay under their full-model
+indices, so parameter names are the full model's and DCP checkpoints resume on any other pipeline layout.
+
+Stages are assigned loop-style: rank ``r`` of ``pp`` runs stages ``r, r + pp, ...`` (``pp_virtual_stages`` of
+them, as the interleaved schedule expects). The trainer trains, clips and checkpoints the rank's one pruned
+model; each stage runs a view of it that holds only that stage's layers. Each view is an FSDP root over the
+stage's data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from longboat.config.base import ConfigError
+from longboat.distributed.config import ParallelConfig
+from longboat.distributed.mesh import ParallelMesh
+from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp
+from longboat.models.registry import PipelineSplit
+from longboat.trainer.trainer import LossOutput, StagedLoss
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+class StageLayers(nn.ModuleDict):
+    """The layers a rank keeps, keyed by their index in the full model (so names stay ``layers.<i>.…``); it
+    iterates over its layers in order, as the ``ModuleList`` it replaces does."""
+
+    def __iter__(self):
+        return iter(self.values())
+
+
+def stage_layer_counts(n_layers: int, n_stages: int, explicit: Sequence[int] | None = None) -> list[int]:
+    """Layers per stage: ``explicit`` (``parallel.pp_layers``) or an even split in which the first
+    ``n_layers % n_stages`` stages take one layer more (the last stage also runs the head and the loss)."""
+    if explicit is not None:
+        if sum(explicit) != n_layers:
+            raise ConfigError(f"parallel.pp_layers={list(explicit)} sums to {sum(explicit)} layers, but the model "
+                              f"has {n_layers}")
+        return list(explicit)
+    if n_stages > n_layers:
+        raise ConfigError(f"parallel: {n_stages} pipeline stages (pp × pp_virtual_stages) need at least as many "
+                          f"layers, but the model has {n_layers}")
+    base, extra = divmod(n_layers, n_stages)
+    return [base + (i < extra) for i in range(n_stages)]
+
+
+def check_microbatches(cfg: ParallelConfig, n_microbatches: int) -> None:
+    """The schedule's demands on the step's micro-batch count (``train.grad_accum``), before any work."""
+    stages = cfg.pp * cfg.pp_virtual_stages
+    if cfg.pp_schedule == "1f1b" and n_microbatches < stages:
+        raise ConfigError(f"train.grad_accum={n_microbatches}: parallel.pp_schedule=1f1b needs at least one "
+                          f"micro-batch per stage ({stages})")
+    if cfg.pp_schedule == "interleaved_1f1b" and n_microbatches % cfg.pp:
+        raise ConfigError(f"train.grad_accum={n_microbatches}: parallel.pp_schedule=interleaved_1f1b needs a "
+                          f"multiple of parallel.pp={cfg.pp} micro-batches")
+
+
+def _stage_ids(cfg: ParallelConfig, pp_rank: int) -> list[int]:
+    return [pp_rank + k * cfg.pp for k in range(cfg.pp_virtual_stages)]
+
+
+def _layer_ranges(counts: list[int]) -> list[range]:
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [range(s, s + n) for s, n in zip(starts, counts)]
+
+
+def _check_split(model: nn.Module, split: PipelineSplit) -> nn.ModuleList:
+    children = dict(model.named_children())
+    for name in (split.layers, *split.first, *split.last):
+        if name not in children:
+            raise ConfigError(f"the pipeline split of {type(model).__name__} names '{name}', which is not one of its "
+                              f"children ({', '.join(children)})")
+    layers = children[split.layers]
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(f"the pipeline split's layers '{split.layers}' of {type(model).__name__} is not a ModuleList")
+    return layers
+
+
+def _keep(model: nn.Module, split: PipelineSplit, layers: dict[str, nn.Module], first: bool, last: bool) -> None:
+    """Leave on ``model`` only ``layers`` and, where its stages need them, the first and last stage's children."""
+    setattr(model, split.layers, StageLayers(layers))
+    for name in (() if first else split.first) + (() if last else split.last):
+        setattr(model, name, None)
+
+
+def _view(model: nn.Module, split: PipelineSplit, layer_ids: range, first: bool, last: bool) -> nn.Module:
+    """A module of ``model``'s class that shares its children but holds only one stage's layers."""
+    view = copy.copy(model)
+    # Tables of its own (children, hooks FSDP adds to the view): the children themselves stay shared.
+    for key, value in vars(model).items():
+        if isinstance(value, (dict, set)):
+            vars(view)[key] = copy.copy(value)
+    kept = model.get_submodule(split.layers)
+    _keep(view, split, {str(i): kept[str(i)] for i in layer_ids}, first, last)
+    return view
+
+
+class Pipeline:
+    """Runs a step's micro-batches through this rank's stages with the schedule; see ``build_pipeline``.
+
+    The loss is the task's summed loss per micro-batch (``scale_grads=False``), so gradients accumulate as the
+    trainer's own micro-batch loop accumulates them; the trainer still divides by the global batch's count.
+    Every rank of the pipeline gets the step's totals from the last stage.
+    """
+
+    def __init__(self, model: nn.Module, stages: list[PipelineStage], cfg: ParallelConfig, mesh: ParallelMesh,
+                 loss: StagedLoss, n_microbatches: int):
+        self.model, self.stages, self.loss = model, stages, loss
+        self.group = mesh.pp.get_group()
+        self.last_rank = cfg.pp - 1  # loop-style assignment puts the last stage on the last rank
+        self.has_first = any(stage.is_first for stage in stages)
+        self.has_last = any(stage.is_last for stage in stages)
+        schedule = SCHEDULES[cfg.pp_schedule]
+        owned = stages if cfg.pp_schedule == "interleaved_1f1b" else stages[0]
+        self.schedule = schedule(owned, n_microbatches, loss_fn=self._stage_loss, scale_grads=False)
+        self.n_microbatches = n_microbatches
+        self._batches: list[dict] = []
+        self._outputs: dict[int, LossOutput] = {}
+
+    def _stage_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # The target is the micro-batch's index; the schedule also calls this once to infer gradient shapes,
+        # which a later call for the same index overwrites.
+        i = int(target)
+        out = self.loss.output_loss(output, self._batches[i], self.model)
+        self._outputs[i] = out
+        return out.loss_sum
+
+    def _run(self, batches: list[dict], train: bool) -> LossOutput:
+        if len(batches) != self.n_microbatches:
+            raise ValueError(f"the pipeline runs {self.n_microbatches} micro-batches at a time, got {len(batches)}")
+        self._batches, self._outputs = batches, {}
+        inputs = [self.loss.model_inputs(batch) for batch in batches]
+        # The schedule cuts the concatenated batch back into the same micro-batches.
+        args = tuple(torch.cat(parts) for parts in zip(*(a for a, _ in inputs))) if self.has_first else ()
+        kwargs = {k: torch.cat([kw[k] for _, kw in inputs]) for k in inputs[0][1]}
+        target = torch.arange(len(batches)) if self.has_last else None
+        run = self.schedule.step if train else self.schedule.eval
+        run(*args, target=target, return_outputs=False, **kwargs)
+        return self._totals()
+
+    def _totals(self) -> LossOutput:
+        totals: list = [None]
+        if self.has_last:
+            outs = [self._outputs[i] for i in range(self.n_microbatches)]
+            metrics: dict[str, float] = {}
+            for out in outs:
+                for k, v in (out.metrics or {}).items():
+                    metrics[k] = metrics.get(k, 0.0) + float(v) / len(outs)
+            totals = [(sum(float(o.loss_sum.detach()) for o in outs), sum(float(o.count) for o in outs),
+                       sum(o.units for o in outs), metrics)]
+        dist.broadcast_object_list(totals, group=self.group, group_src=self.last_rank)
+        loss_sum, count, units, metrics = totals[0]
+        return LossOutput(torch.tensor(loss_sum, dtype=torch.float64), count, units, metrics)
+
+    def train_step(self, batches: list[dict]) -> LossOutput:
+        """Forward and backward of ``batches`` (``n_microbatches`` of them); gradients accumulate in the stages."""
+        return self._run(batches, train=True)
+
+    def evaluate(self, batches: list[dict]) -> LossOutput:
+        return self._run(batches, train=False)
+
+    def total_norm(self, local: torch.Tensor) -> torch.Tensor:
+        """The gradient norm over every stage's parameters from this rank's stages' norm."""
+        squared = local.double().square()
+        dist.all_reduce(squared, group=self.group)
+        return squared.sqrt().to(local.dtype)
+
+
+def build_pipeline(
+    model: nn.Module,
+    split: PipelineSplit,
+    mesh: ParallelMesh,
+    cfg: ParallelConfig,
+    loss: StagedLoss,
+    n_microbatches: int,
+    device: torch.device | str,
+    units: Sequence[str],
+    forward_methods: Sequence[str] = (),
+) -> tuple[nn.Module, Pipeline]:
+    """Cut ``model`` (the full model, on every rank) down to this rank's stages and parallelize them.
+
+    Returns the rank's pruned model (train, clip and checkpoint it) and the ``Pipeline`` that runs its stages.
+    """
+    if mesh.pp is None:
+        raise ConfigError("build_pipeline needs parallel.pp > 1")
+    check_microbatches(cfg, n_microbatches)
+    device = torch.device(device)
+    layers = _check_split(model, split)
+    n_stages = cfg.pp * cfg.pp_virtual_stages
+    ranges = _layer_ranges(stage_layer_counts(len(layers), n_stages, cfg.pp_layers))
+    stage_ids = _stage_ids(cfg, mesh.pp.get_local_rank())
+    owned = {str(i): layers[i] for s in stage_ids for i in ranges[s]}
+    _keep(model, split, owned, first=0 in stage_ids, last=n_stages - 1 in stage_ids)
+    if cfg.activation_checkpointing != "none":
+        apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
+    if cfg.compile:
+        apply_compile(model, units)
+    if len(stage_ids) == 1:
+        views = [model]
+    else:
+        views = [_view(model, split, ranges[s], first=s == 0, last=s == n_stages - 1) for s in stage_ids]
+    for view in views:
+        apply_fsdp(view, units, mesh, cfg, forward_methods)
+    group = mesh.pp.get_group()
+    stages = [PipelineStage(view, s, n_stages, device, group=group) for view, s in zip(views, stage_ids)]
+    return model, Pipeline(model, stages, cfg, mesh, loss, n_microbatches)
+
+
+def pipeline_layer_counts(model: nn.Module, split: PipelineSplit, cfg: ParallelConfig) -> list[int]:
+    """The layers of each stage ``cfg`` gives ``model`` (checked; the model may be on the meta device)."""
+    layers = _check_split(model, split)
+    return stage_layer_counts(len(layers), cfg.pp * cfg.pp_virtual_stages, cfg.pp_layers)
+
+
+def gather_full_state(model: nn.Module, mesh: ParallelMesh) -> dict[str, torch.Tensor]:
+    """Every stage's full parameters on rank 0, on CPU (an empty dict elsewhere), for an export.
+
+    Each stage's first data-parallel rank gathers its stage, then sends it to rank 0 through the object
+    collectives: simple, and memory-hungry on rank 0 for very large models.
+    """
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    mine = {k: v.cpu() for k, v in state.items()} if mesh.dp_rank == 0 else {}
+    parts: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    return {k: v for part in parts for k, v in part.items()} if parts is not None else {}

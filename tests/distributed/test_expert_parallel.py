@@ -1,0 +1,111 @@
+"""Expert parallel against one process: Qwen3-MoE- and DeepSeek-V3-style decoders trained with the real Trainer
+on gloo ranks (ep 2; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient norms, end at its
+weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in one process.
+The Switch aux loss is per micro-batch, so the Qwen3-MoE reference accumulates two half batches, as
+test_tp_moe.py does."""
+
+import pytest
+import torch
+
+from longboat.config.base import ConfigError, validate
+from longboat.distributed import ParallelConfig, ParallelDims, parallelize, resolve_dims
+from longboat.distributed.expert_parallel import check_expert_parallel, expert_major_order
+from longboat.models import build_model
+from longboat.recipes.config import load_run_config
+from longboat.recipes.preflight import preflight
+from tests.distributed.conftest import REPO, WORKER, finish, free_ports, start, torchrun
+from tests.distributed.test_parallelize import _assert_same_run
+from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
+
+
+# ---- pure parts ----------------------------------------------------------------------------------------------
+def test_received_rows_are_regrouped_expert_major_in_source_order():
+    # Rank s sent received[s, e] rows for local expert e; rows arrive source-major.
+    received = torch.tensor([[2, 0, 1], [1, 3, 0]])
+    labels = [(s, e, i) for s in range(2) for e in range(3) for i in range(int(received[s, e]))]
+    order = expert_major_order(received)
+    assert [labels[i] for i in order] == sorted(labels, key=lambda t: (t[1], t[0], t[2]))
+    assert expert_major_order(torch.zeros(2, 3, dtype=torch.long)).numel() == 0
+
+
+def test_expert_parallel_degree_is_checked_before_any_collective():
+    assert resolve_dims(ParallelConfig(ep=2), 4) == ParallelDims(1, 4, 1, ep=2)
+    with pytest.raises(ConfigError, match=r"parallel.ep=4 must divide parallel.dp_shard=2"):
+        resolve_dims(ParallelConfig(ep=4, dp_replicate=2), 4)
+    with pytest.raises(ConfigError, match="parallel.ep=2 needs parallel.data_parallel=fsdp"):
+        validate(ParallelConfig, {"ep": 2, "data_parallel": "ddp"})
+    with pytest.raises(ConfigError, match="cannot be combined with tensor parallel"):
+        validate(ParallelConfig, {"ep": 2, "tp": 2})
+    with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
+        check_expert_parallel(build_model("decoder", MODELS["qwen3moe"]), 8)
+    with pytest.raises(ConfigError, match="parallel.ep=2 needs a mixture-of-experts model"):
+        parallelize(build_model("decoder", MODELS["tied"]), None, ParallelConfig(ep=2))
+
+
+def test_a_run_checks_its_experts_split_before_it_starts():
+    moe = "model.moe={d_model: 256, n_experts: 4, top_k: 2, expert_ffn_dim: 64}"
+    run = load_run_config(REPO / "configs/pretrain/quickstart.yaml", ["parallel.ep=8", moe], from_data=False)
+    with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
+        preflight(run, 8)
+
+
+# ---- real ranks ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One 4-rank and one 2-rank launch, overlapping the single-process references."""
+    out = tmp_path_factory.mktemp("ep_runs")
+    port2, port4 = free_ports(2)
+    threads = torch.get_num_threads()
+    four = start(torchrun(4, port4, str(WORKER), str(out), "ep_fsdp_deepseek", "ep_fsdp_qwen3moe",
+                          "ep_hsdp_deepseek"), out / "four.log")
+    try:
+        two = start(torchrun(2, port2, str(WORKER), str(out), "ep_deepseek", "ep_qwen3moe", "fsdp_capacity",
+                             "ep_capacity"), out / "two.log")
+        run_case(out, "ep_single_deepseek")
+        run_case(out, "ep_single_qwen3moe_accum")
+        log = finish(two, out / "two.log", timeout=300)
+        assert two.returncode == 0, log[-6000:]
+        run_case(out, "single_from_ep_deepseek")
+    finally:
+        torch.set_num_threads(threads)
+        log = finish(four, out / "four.log", timeout=300)
+    assert four.returncode == 0, log[-6000:]
+    return out
+
+
+def _assert_same_gradients(runs, case: str, ref: str):
+    got = torch.load(runs / case / "grads.pt", weights_only=True)
+    want = torch.load(runs / ref / "grads.pt", weights_only=True)
+    assert got.keys() == want.keys()
+    assert any("experts.w" in name for name in got)
+    for name, g in got.items():
+        torch.testing.assert_close(g, want[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{case} {name}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,ref", [
+    ("ep_qwen3moe", "ep_single_qwen3moe_accum"),
+    ("ep_deepseek", "ep_single_deepseek"),
+    ("ep_fsdp_deepseek", "ep_single_deepseek"),
+])
+def test_expert_parallel_training_matches_one_process(runs, case, ref):
+    _assert_same_run(runs, case, ref)
+    _assert_same_gradients(runs, case, ref)
+    final = torch.load(runs / ref / "final.pt", weights_only=True)
+    if "deepseek" in ref:  # the aux-free bias moved, and identically (its load counts summed over all ranks)
+        assert final["layers.1.feed_forward.router.expert_bias"].abs().max() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,ref", [
+    ("ep_fsdp_qwen3moe", "ep_single_qwen3moe_accum"),
+    ("ep_hsdp_deepseek", "ep_single_deepseek"),
+    ("ep_capacity", "fsdp_capacity"),
+])
+def test_expert_parallel_gradients_match(runs, case, ref):
+    _assert_same_gradients(runs, case, ref)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_under_expert_parallel_resumes_in_one_process(runs):
+    _assert_same_run(runs, "single_from_ep_deepseek", "ep_single_deepseek", first_step=SAVE_AT + 1)
