@@ -223,6 +223,26 @@ def test_config_errors():
         get_hf_adapter("mixtral").config_to_hf(tiny_moe(moe=dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=8)))
 
 
+def test_ernie_layer_span_and_errors():
+    adapter = get_hf_adapter("ernie4_5_moe")
+    hf = ernie4_5_moe().to_dict() | {"num_hidden_layers": 6, "moe_layer_start_index": 1, "moe_layer_end_index": -1,
+                                     "moe_layer_interval": 2}
+    cfg = DecoderConfig(**adapter.config_from_hf(hf))
+    assert cfg.dense_layers == [0, 2, 4] and cfg.moe.topk_norm_min == 1e-12 and cfg.moe.n_shared_experts == 2
+    out = adapter.config_to_hf(cfg)
+    assert (out["moe_layer_start_index"], out["moe_layer_end_index"], out["moe_layer_interval"]) == (1, 5, 2)
+    with pytest.raises(HFConversionError, match="use_bias=True"):
+        adapter.config_from_hf(hf | {"use_bias": True})
+    with pytest.raises(HFConversionError, match="select no MoE layer"):
+        adapter.config_from_hf(hf | {"moe_layer_start_index": 6})
+    with pytest.raises(HFConversionError, match=r"dense_layers=\[0, 2, 3, 4\] is not such a pattern"):
+        adapter.config_to_hf(cfg.model_copy(update={"dense_layers": [0, 2, 3, 4]}))
+    with pytest.raises(HFConversionError, match="moe.topk_norm_min=None"):
+        adapter.config_to_hf(cfg.model_copy(update={"moe": cfg.moe.model_copy(update={"topk_norm_min": None})}))
+    with pytest.raises(HFConversionError, match="moe.use_expert_bias=False"):
+        adapter.config_to_hf(cfg.model_copy(update={"moe": cfg.moe.model_copy(update={"use_expert_bias": False})}))
+
+
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
 def test_presets_validate(name):
     cfg = DecoderConfig(**load_preset(name))
