@@ -1,9 +1,13 @@
-"""Training throughput and MFU of a ~1B Llama on GPUs: FSDP2 (bf16 params, fp32 reduce), per-block
-torch.compile and selective activation checkpointing, on synthetic tokens.
+"""Training throughput and MFU of a ~1B Llama and of a mixture-of-experts decoder on GPUs: FSDP2 (bf16 params,
+fp32 reduce), per-block torch.compile and selective activation checkpointing, on synthetic tokens.
 
-    torchrun --nproc_per_node=1 bench/gpu_train.py                   # llama3.2-1b, seq 4096, one H200
+    torchrun --nproc_per_node=1 bench/gpu_train.py                   # llama3.2-1b, then qwen3-moe-8l; one H200
     torchrun --nproc_per_node=8 bench/gpu_train.py --batch 2         # per-rank micro-batch; FSDP over 8 GPUs
-    torchrun --nproc_per_node=1 bench/gpu_train.py --tiny            # CPU dry run of the same code path
+    torchrun --nproc_per_node=1 bench/gpu_train.py --preset qwen3-moe-8l  # one model only
+    torchrun --nproc_per_node=1 bench/gpu_train.py --tiny            # CPU dry run of the same code paths
+
+qwen3-moe-8l is Qwen3-30B-A3B with 8 of its 48 layers (128 experts, 8 active; 5.6B parameters, 1.1B active): its
+fp32 weights, gradients and AdamW state (16 bytes a parameter, 84 GiB) fit one 139 GiB H200 unsharded.
 
 A step is ``Trainer.train_step()``, as training runs it: fetch a batch, forward, the pretraining loss, backward,
 gradient clipping, AdamW and the schedule. Runs on torch >= 2.11.
@@ -29,6 +33,15 @@ from longboat.trainer.optim import OptimizerConfig
 from longboat.trainer.trainer import DataParallel, Trainer
 
 TINY = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+TINY_MOE = {**TINY, "dense_layers": [0], "moe": dict(d_model=64, n_experts=4, top_k=2, expert_ffn_dim=32)}
+# Shapes of published models cut down to fit one GPU: (preset, fields replaced).
+CUT_PRESETS = {"qwen3-moe-8l": ("qwen3-30b-a3b", {"n_layers": 8})}
+DEFAULT_PRESETS = ["llama3.2-1b", "qwen3-moe-8l"]
+
+
+def model_fields(name: str) -> dict:
+    base, changes = CUT_PRESETS.get(name, (name, {}))
+    return {**load_preset(base), **changes}
 
 
 class RandomTokens(Dataset):
@@ -47,7 +60,8 @@ class RandomTokens(Dataset):
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="llama3.2-1b")
+    p.add_argument("--preset", nargs="+", default=DEFAULT_PRESETS,
+                   help=f"presets run one after the other (also: {', '.join(CUT_PRESETS)})")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2, help="micro-batch per rank")
     p.add_argument("--steps", type=int, default=20)
@@ -73,8 +87,22 @@ def main() -> None:
     if runtime.device.type != "cuda" and not args.tiny:
         raise SystemExit("no CUDA device: run with --tiny for a CPU dry run")
     mesh = build_mesh(cfg, runtime.device.type)
-    fields = TINY if args.tiny else load_preset(args.preset)
-    model_cfg = DecoderConfig(**{**fields, "max_seq_len": args.seq})
+    models = {"tiny": TINY, "tiny-moe": TINY_MOE} if args.tiny else {name: model_fields(name) for name in args.preset}
+    for name, fields in models.items():
+        line = bench_model(name, DecoderConfig(**{**fields, "max_seq_len": args.seq}), args, cfg, runtime, mesh)
+        if runtime.rank == 0:
+            print(line, flush=True)
+    dist.barrier()
+    shutdown(runtime)
+
+
+def bench_model(name: str, model_cfg: DecoderConfig, args: argparse.Namespace, cfg: ParallelConfig, runtime,
+                mesh) -> str:
+    """Time ``args.steps`` training steps of one model after ``args.warmup``; its report line."""
+    if model_cfg.moe is not None and cfg.compile:
+        # torch.compile refuses an MoE layer inside a checkpointed region: its forward records router statistics
+        # (load counts, aux losses) on the module, a side effect recomputation would replay.
+        cfg = cfg.model_copy(update={"activation_checkpointing": "none"})
     torch.manual_seed(0)
     with torch.device("meta"):
         model = DECODER.build(model_cfg)
@@ -87,6 +115,9 @@ def main() -> None:
         num_workers=0 if args.tiny else 2,
     )
     data = RandomTokens(n_steps * args.batch * dp.size, args.seq, model_cfg.vocab_size)
+    on_gpu = runtime.device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
 
     times = []
     with tempfile.TemporaryDirectory() as run_dir:
@@ -95,11 +126,11 @@ def main() -> None:
             flops_per_unit=float(model_cfg.flops_per_token(args.seq)), dp=dp, device=runtime.device,
         )
         for i in range(n_steps):
-            if runtime.device.type == "cuda":
+            if on_gpu:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             loss = trainer.train_step()["loss"]
-            if runtime.device.type == "cuda":
+            if on_gpu:
                 torch.cuda.synchronize()
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
@@ -107,20 +138,17 @@ def main() -> None:
     tokens_per_s = args.batch * args.seq * runtime.world_size / step_s
     peak = peak_flops(runtime.device, torch.bfloat16) * runtime.world_size
     mfu = tokens_per_s * model_cfg.flops_per_token(args.seq) / peak
-    if runtime.rank == 0:
-        on_gpu = runtime.device.type == "cuda"
-        memory = f" · peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if on_gpu else ""
-        name = "tiny" if args.tiny else args.preset
-        print(
-            f"{name} ({model_cfg.num_params() / 1e9:.2f}B) · {runtime.world_size} × {runtime.device.type} · "
-            f"batch {args.batch} × seq {args.seq} per rank · AC {args.ac} · compile {not args.no_compile}\n"
-            f"step {step_s * 1e3:.1f} ms · {tokens_per_s:,.0f} tokens/s · "
-            f"{tokens_per_s / runtime.world_size:,.0f} tokens/s/device · MFU {mfu:.1%} · loss {float(loss):.3f}"
-            + memory,
-            flush=True,
-        )
-    dist.barrier()
-    shutdown(runtime)
+    memory = f" · peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if on_gpu else ""
+    active = f", {model_cfg.num_params(active=True) / 1e9:.2f}B active" if model_cfg.moe is not None else ""
+    del trainer, model  # the next model's weights and optimizer state take their place
+    if on_gpu:
+        torch.cuda.empty_cache()
+    return (
+        f"{name} ({model_cfg.num_params() / 1e9:.2f}B{active}) · {runtime.world_size} × {runtime.device.type} · "
+        f"batch {args.batch} × seq {args.seq} per rank · AC {cfg.activation_checkpointing} · compile {cfg.compile}\n"
+        f"step {step_s * 1e3:.1f} ms · {tokens_per_s:,.0f} tokens/s · "
+        f"{tokens_per_s / runtime.world_size:,.0f} tokens/s/device · MFU {mfu:.1%} · loss {float(loss):.3f}" + memory
+    )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Both run the same config and weights. transformers is timed with its two expert kernels: "eager"
 (the per-expert loop in the modeling file, what a standalone block runs) and "grouped_mm" (what
-from_pretrained selects by default); longboat with its "auto" choice and each path forced.
-Variants are interleaved within every repeat so that load from other processes hits them alike.
+from_pretrained selects by default); longboat's MoE module as the trainer calls it, with its "auto"
+choice, the padded path forced, and "halves": w13 laid out as [gate; up] halves instead of interleaved
+rows, which measures what the interleaved split costs. Variants are interleaved within every repeat so
+that load from other processes hits them alike.
 
     python bench/moe.py                      # d_model 1024, 16 experts, top-2, ffn 512, 4096 tokens
     python bench/moe.py --tokens 1024 --repeats 3 --dtypes float32
@@ -16,25 +18,40 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from longboat.models.moe import MoE, MoEConfig
+from longboat.models.moe import GroupedExperts, MoE, MoEConfig, split_gate_up
 
 HF_EAGER, HF_GROUPED = "transformers (eager)", "transformers (grouped_mm)"
+
+
+class HalvesExperts(GroupedExperts):
+    """w13 as [gate rows; up rows], transformers' gate_up_proj layout, split into contiguous halves."""
+
+    @staticmethod
+    def _glu(h: Tensor) -> Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 def build_variants(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, nn.Module]:
     """Every variant, all holding the same weights."""
     torch.manual_seed(0)
+    # Qwen3-MoE's router computes its logits in the input dtype, as imports of it do here.
     cfg = MoEConfig(d_model=args.d_model, n_experts=args.experts, top_k=args.top_k, expert_ffn_dim=args.ffn,
-                    norm_topk_prob=True)
+                    norm_topk_prob=True, router_dtype="input")
     ours = MoE(cfg)
     variants: dict[str, nn.Module] = {"longboat (auto)": ours}
-    for impl in ("grouped_mm", "padded"):
-        variants[f"longboat ({impl})"] = MoE(cfg.model_copy(update={"experts_impl": impl}))
-        variants[f"longboat ({impl})"].load_state_dict(ours.state_dict())
+    padded = variants["longboat (padded)"] = MoE(cfg.model_copy(update={"experts_impl": "padded"}))
+    padded.load_state_dict(ours.state_dict())
+    halves = variants["longboat (halves)"] = MoE(cfg)
+    halves.load_state_dict(ours.state_dict())
+    halves.experts = HalvesExperts(args.experts, args.d_model, args.ffn)
+    gate_up = torch.cat(split_gate_up(ours.experts.w13.detach()), dim=1)
+    halves.experts.load_state_dict({"w13": gate_up, "w2": ours.experts.w2})
     for impl, name in (("eager", HF_EAGER), ("grouped_mm", HF_GROUPED)):
         hf_cfg = Qwen3MoeConfig(hidden_size=args.d_model, moe_intermediate_size=args.ffn, num_experts=args.experts,
                                 num_experts_per_tok=args.top_k, norm_topk_prob=True)
@@ -42,7 +59,7 @@ def build_variants(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, nn
         hf = Qwen3MoeSparseMoeBlock(hf_cfg)
         with torch.no_grad():
             hf.gate.weight.copy_(ours.router.weight)
-            hf.experts.gate_up_proj.copy_(torch.cat([ours.experts.w1, ours.experts.w3], dim=1))
+            hf.experts.gate_up_proj.copy_(gate_up)
             hf.experts.down_proj.copy_(ours.experts.w2)
         variants[name] = hf
     return {name: module.to(dtype).train() for name, module in variants.items()}
@@ -56,6 +73,17 @@ def fwd_bwd_seconds(module: nn.Module, x: Tensor, grad: Tensor) -> float:
     out = module(x)
     (out[0] if isinstance(out, tuple) else out).backward(grad)
     return time.perf_counter() - start
+
+
+@torch.no_grad()
+def check_same_outputs(variants: dict[str, nn.Module], x: Tensor, dtype: torch.dtype) -> None:
+    """Every variant computes the same function (a timing of a wrong block would mean nothing)."""
+    outs = {name: module(x) for name, module in variants.items()}
+    ref = outs[HF_GROUPED].float()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # relative error of the whole output; bf16 sums round by kernel
+    for name, out in outs.items():
+        err = ((out[0] if isinstance(out, tuple) else out).float() - ref).norm() / ref.norm()
+        assert err < tol, f"{name} differs from {HF_GROUPED}: relative error {err:.1e}"
 
 
 def main() -> None:
@@ -78,6 +106,7 @@ def main() -> None:
         variants = build_variants(args, dtype)
         x = torch.randn(1, args.tokens, args.d_model, dtype=dtype)
         grad = torch.randn_like(x)
+        check_same_outputs(variants, x, dtype)
         times: dict[str, list[float]] = {name: [] for name in variants}
         for rep in range(args.warmup + args.repeats):
             for name, module in variants.items():

@@ -11,6 +11,8 @@ import torch.distributed.checkpoint as dcp
 from longboat.checkpoint.dcp import CheckpointError, CheckpointManager, ModelOptimizerState, load_model_weights
 from longboat.checkpoint.integrity import MANIFEST
 from longboat.checkpoint.safe_dcp import load_dcp, read_metadata
+from longboat.models.llm import Decoder, DecoderConfig
+from longboat.models.moe import split_gate_up
 from tests.trainer.conftest import small_model
 
 FORMAT1 = Path(__file__).resolve().parents[1] / "fixtures" / "format1_run" / "checkpoints" / "step_00000002"
@@ -113,3 +115,17 @@ def test_a_plain_dcp_checkpoint_with_a_payload_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"refused to load scheduler\.hook, a non-tensor value"):
         load_dcp({"scheduler": {"last_epoch": 0, "hook": None}}, tmp_path / "ckpt")
     assert not marker.exists()
+
+
+def test_a_checkpoint_with_renamed_tensors_names_the_rename(tmp_path):
+    """MoE experts once stored gate and up as w1 and w3; a checkpoint from then names them against w13."""
+    cfg = DecoderConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, ffn_dim=64, max_seq_len=16,
+                        moe=dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=16))
+    weights = Decoder(cfg).state_dict()
+    w13 = weights.pop("layers.0.feed_forward.experts.w13")
+    weights["layers.0.feed_forward.experts.w1"], weights["layers.0.feed_forward.experts.w3"] = \
+        (w.contiguous() for w in split_gate_up(w13))
+    path = CheckpointManager(tmp_path).save(1, {"train": {"model": weights}})
+    with pytest.raises(CheckpointError, match=r"no tensor train\.model\.layers\.0\.feed_forward\.experts\.w13 .*"
+                                              r"this model has w13 where the checkpoint has w1, w3"):
+        load_model_weights(path, Decoder(cfg))

@@ -56,7 +56,8 @@ def test_train_on_two_ranks_and_export_the_gathered_model(corpus, tmp_path):
 
 
 def test_gpu_benchmark_dry_run_on_cpu(tmp_path):
-    """bench/gpu_train.py --tiny: FSDP2 with bf16 parameters, meta init, selective AC and per-block compile."""
+    """bench/gpu_train.py --tiny: FSDP2 with bf16 parameters, meta init, selective AC and per-block compile,
+    for a dense decoder and one with a mixture-of-experts layer."""
     (port,) = free_ports(1)
     log = tmp_path / "bench.log"
     # Safe path: scripts in bench/ must not shadow standard-library modules for each other.
@@ -64,6 +65,7 @@ def test_gpu_benchmark_dry_run_on_cpu(tmp_path):
     out = finish(proc, log, timeout=300)
     assert proc.returncode == 0, out[-6000:]
     assert "tokens/s" in out and "MFU" in out and "compile True" in out
+    assert "\ntiny (" in out and "\ntiny-moe (" in out and out.count("MFU") == 2
 
 
 def test_pretraining_within_documents_on_two_ranks_matches_one_process(corpus, tmp_path):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longboat.config.base import ConfigError, validate
-from longboat.models.moe import MoE, MoEConfig, Routing
+from longboat.models.moe import GroupedExperts, MoE, MoEConfig, Routing, fuse_gate_up, split_gate_up
 
 D, FFN = 64, 32
 
@@ -41,11 +41,9 @@ def _randomize(module: nn.Module, router_std: float = 1.0) -> None:
 
 @torch.no_grad()
 def _load_from_hf(ours: MoE, hf_block: nn.Module) -> None:
-    """Copy a transformers MoE block's weights into ours (fused gate_up_proj -> w1 | w3)."""
-    ffn = ours.cfg.expert_ffn_dim
+    """Copy a transformers MoE block's weights into ours (gate_up_proj's halves -> w13's interleaved rows)."""
     ours.router.weight.copy_(hf_block.gate.weight)
-    ours.experts.w1.copy_(hf_block.experts.gate_up_proj[:, :ffn])
-    ours.experts.w3.copy_(hf_block.experts.gate_up_proj[:, ffn:])
+    ours.experts.w13.copy_(fuse_gate_up(*hf_block.experts.gate_up_proj.chunk(2, dim=1)))
     ours.experts.w2.copy_(hf_block.experts.down_proj)
     if getattr(hf_block.gate, "e_score_correction_bias", None) is not None:
         ours.router.expert_bias.copy_(hf_block.gate.e_score_correction_bias)
@@ -194,7 +192,7 @@ def test_sequence_loss_and_z_loss_follow_published_formulas():
 
 def _reference_routed(layer: MoE, x: torch.Tensor, routing: Routing, keep: torch.Tensor | None = None):
     """One expert at a time with index_select: the plainest statement of what the layer computes."""
-    w1, w2, w3 = layer.experts.w1, layer.experts.w2, layer.experts.w3
+    (w1, w3), w2 = split_gate_up(layer.experts.w13), layer.experts.w2
     out = torch.zeros(x.shape, dtype=torch.float32)
     for e in range(layer.cfg.n_experts):
         hit = routing.indices == e
@@ -233,6 +231,51 @@ def test_experts_match_reference_loop_forward_and_backward(impl, dtype):
     for (name, p), p_ref in zip(layer.named_parameters(), ref.parameters()):
         scale = p_ref.grad.abs().max().item()
         torch.testing.assert_close(p.grad / scale, p_ref.grad / scale, **tol, msg=name)
+
+
+def test_topk_norm_min_bounds_the_normaliser():
+    """ERNIE-4.5 divides by max(sum, norm_min): a bias can choose experts whose probabilities sum below it."""
+    cfg = MoEConfig(d_model=4, n_experts=4, top_k=2, expert_ffn_dim=8, use_expert_bias=True, topk_norm_min=0.5)
+    layer = MoE(cfg)
+    with torch.no_grad():
+        layer.router.weight.copy_(torch.eye(4) * 10)
+        layer.router.expert_bias.copy_(torch.tensor([0.0, 0.0, 5.0, 5.0]))  # selection goes to experts 2 and 3
+    x = torch.tensor([[1.0, 0, 0, 0], [0, 0, 1.0, 0]])
+    routing = layer.router(x)
+    assert routing.indices.sort(dim=-1).values.tolist() == [[2, 3], [2, 3]]
+    chosen = routing.scores.gather(1, routing.indices)
+    torch.testing.assert_close(routing.weights[0], chosen[0] / 0.5)  # sum ~1e-4: the bound binds
+    torch.testing.assert_close(routing.weights[1], chosen[1] / chosen[1].sum())  # sum ~1: it does not
+
+
+def test_w13_interleaves_gate_and_up_rows_so_row_shards_are_self_contained():
+    gate, up = torch.arange(6.0).view(1, 3, 2), -torch.arange(6.0).view(1, 3, 2)
+    w13 = fuse_gate_up(gate, up)
+    assert w13.shape == (1, 6, 2) and torch.equal(w13[0, 0], gate[0, 0]) and torch.equal(w13[0, 1], up[0, 0])
+    assert all(torch.equal(a, b) for a, b in zip(split_gate_up(w13), (gate, up)))
+
+    # Two tensor-parallel shards: rows [0, ffn) and [ffn, 2·ffn) of w13 with the matching halves of w2's columns.
+    torch.manual_seed(0)
+    full = GroupedExperts(4, D, FFN, impl="grouped_mm")
+    full.init_weights(std=0.1, out_std=0.1)
+    x, counts = torch.randn(24, D), torch.tensor([6, 0, 10, 5])
+    shards = []
+    for k in range(2):
+        shard = GroupedExperts(4, D, FFN // 2, impl="grouped_mm")
+        with torch.no_grad():
+            shard.w13.copy_(full.w13[:, k * FFN:(k + 1) * FFN])
+            shard.w2.copy_(full.w2[:, :, k * FFN // 2:(k + 1) * FFN // 2])
+        shards.append(shard(x, counts))
+    torch.testing.assert_close(shards[0] + shards[1], full(x, counts), atol=1e-6, rtol=1e-5)
+    assert full(x, counts)[21:].abs().sum() == 0  # rows past the last group come out as zeros
+
+
+def test_init_draws_gate_and_up_from_the_input_std():
+    experts = GroupedExperts(8, D, FFN)
+    experts.init_weights(std=0.05, out_std=0.01)
+    for w in (*split_gate_up(experts.w13), experts.w13):
+        assert w.std().item() == pytest.approx(0.05, rel=0.05)
+    assert experts.w2.std().item() == pytest.approx(0.01, rel=0.05)
 
 
 def test_auto_impl_choice():

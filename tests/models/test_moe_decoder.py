@@ -4,6 +4,7 @@ import pytest
 import torch
 import transformers
 from pydantic import ValidationError
+from safetensors.torch import load_file
 
 from longboat.models.llm.generation import generate
 from longboat.models.llm import Decoder, DecoderConfig
@@ -41,11 +42,21 @@ def deepseek_v3(q_lora_rank):
         v_head_dim=8)
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "deepseek_v3", "deepseek_v3_no_q_lora"])
+def ernie4_5_moe():
+    # Experts in layers 0 and 1 (start 0, end 1, every layer), a dense MLP in layer 2.
+    return transformers.Ernie4_5_MoeConfig(
+        **COMMON, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3, num_key_value_heads=2,
+        moe_num_experts=8, moe_k=2, moe_num_shared_experts=2, moe_layer_start_index=0, moe_layer_end_index=1)
+
+
+FAMILIES = {"mixtral": mixtral, "qwen3_moe": qwen3_moe, "deepseek_v3": lambda: deepseek_v3(16),
+            "deepseek_v3_no_q_lora": lambda: deepseek_v3(None), "ernie4_5_moe": ernie4_5_moe}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def pair(request, tmp_path_factory):
     """A random transformers model saved to disk, and ours loaded from that directory."""
-    hf_cfg = {"mixtral": mixtral, "qwen3_moe": qwen3_moe, "deepseek_v3": lambda: deepseek_v3(16),
-              "deepseek_v3_no_q_lora": lambda: deepseek_v3(None)}[request.param]()
+    hf_cfg = FAMILIES[request.param]()
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).float().eval()
     with torch.no_grad():  # larger weights than the default init so routing and attention are far from uniform
@@ -85,13 +96,32 @@ def test_cached_greedy_generation_matches_transformers(pair):
 
 def test_num_params_and_export_round_trip(pair, tmp_path):
     hf, ours, cfg, family = pair
-    assert cfg.num_params() == sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
+    # ERNIE keeps the selection bias as a frozen parameter; ours is a buffer, as DeepSeek-V3's is in both.
+    hf_params = sum(p.numel() for n, p in hf.named_parameters() if not n.endswith("e_score_correction_bias"))
+    assert cfg.num_params() == sum(p.numel() for p in ours.parameters()) == hf_params
     assert cfg.num_params(active=True) < cfg.num_params()
     out = save_hf_model(ours, family, tmp_path / "export")
     back = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = torch.randint(0, 96, (1, 9))
     with torch.no_grad():
         torch.testing.assert_close(back(tokens).logits, ours(tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_hf_tensors_round_trip_byte_equal(pair, tmp_path):
+    hf, ours, cfg, family = pair
+    adapter = get_hf_adapter(family)
+    hf.save_pretrained(tmp_path)
+    disk = load_file(tmp_path / "model.safetensors")
+    back = adapter.state_dict_to_hf(adapter.state_dict_from_hf(disk, cfg), cfg)
+    assert sorted(back) == sorted(disk)
+    assert all(torch.equal(back[k], disk[k]) for k in disk)
+    if family != "mixtral":  # transformers' Mixtral modules rename block_sparse_moe to mlp; the others keep names
+        # transformers' in-memory layout: experts fused into gate_up_proj [E, 2·ffn, d] (gate rows, then up rows).
+        fused = {k: v for k, v in hf.state_dict().items() if k in disk or ".experts." in k or "moe_statics" in k}
+        assert any(k.endswith("gate_up_proj") for k in fused)
+        from_fused, from_disk = adapter.state_dict_from_hf(fused, cfg), adapter.state_dict_from_hf(disk, cfg)
+        assert sorted(from_fused) == sorted(from_disk)
+        assert all(torch.equal(from_fused[k], from_disk[k]) for k in from_disk)
 
 
 def test_cached_decode_matches_full_forward_mla_moe():
@@ -195,6 +225,26 @@ def test_config_errors():
             rope_scaling=llama3, moe=tiny_moe().moe.model_dump() | dict(score_func="sigmoid", use_expert_bias=True)))
     with pytest.raises(HFConversionError, match="mixtral has experts in every layer"):
         get_hf_adapter("mixtral").config_to_hf(tiny_moe(moe=dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=8)))
+
+
+def test_ernie_layer_span_and_errors():
+    adapter = get_hf_adapter("ernie4_5_moe")
+    hf = ernie4_5_moe().to_dict() | {"num_hidden_layers": 6, "moe_layer_start_index": 1, "moe_layer_end_index": -1,
+                                     "moe_layer_interval": 2}
+    cfg = DecoderConfig(**adapter.config_from_hf(hf))
+    assert cfg.dense_layers == [0, 2, 4] and cfg.moe.topk_norm_min == 1e-12 and cfg.moe.n_shared_experts == 2
+    out = adapter.config_to_hf(cfg)
+    assert (out["moe_layer_start_index"], out["moe_layer_end_index"], out["moe_layer_interval"]) == (1, 5, 2)
+    with pytest.raises(HFConversionError, match="use_bias=True"):
+        adapter.config_from_hf(hf | {"use_bias": True})
+    with pytest.raises(HFConversionError, match="select no MoE layer"):
+        adapter.config_from_hf(hf | {"moe_layer_start_index": 6})
+    with pytest.raises(HFConversionError, match=r"dense_layers=\[0, 2, 3, 4\] is not such a pattern"):
+        adapter.config_to_hf(cfg.model_copy(update={"dense_layers": [0, 2, 3, 4]}))
+    with pytest.raises(HFConversionError, match="moe.topk_norm_min=None"):
+        adapter.config_to_hf(cfg.model_copy(update={"moe": cfg.moe.model_copy(update={"topk_norm_min": None})}))
+    with pytest.raises(HFConversionError, match="moe.use_expert_bias=False"):
+        adapter.config_to_hf(cfg.model_copy(update={"moe": cfg.moe.model_copy(update={"use_expert_bias": False})}))
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])

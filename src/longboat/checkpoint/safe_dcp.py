@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from longboat.checkpoint.errors import CheckpointError
 
@@ -112,6 +112,27 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def __init__(self, source: str | os.PathLike, allow_partial_load: bool = False):
         super().__init__(allow_partial_load=allow_partial_load)
         self.source = source
+
+    def create_local_plan(self) -> LoadPlan:
+        try:
+            return super().create_local_plan()
+        except RuntimeError as e:
+            if not str(e).startswith("Missing key in checkpoint"):
+                raise
+            raise CheckpointError(f"{self.source}: {self._missing()}") from None
+
+    def _missing(self) -> str:
+        """Which tensor the checkpoint lacks and, when it holds others beside it, their names: a renamed layout."""
+        saved = set(self.metadata.state_dict_metadata)
+        missing = sorted(k for k in self.state_dict if k not in saved)
+        parent = missing[0].rpartition(".")[0]
+        ours = sorted(k.rpartition(".")[2] for k in missing if k.rpartition(".")[0] == parent)
+        theirs = sorted(k.rpartition(".")[2] for k in saved - set(self.state_dict) if k.rpartition(".")[0] == parent)
+        text = f"no tensor {missing[0]} ({len(missing)} missing in all)"
+        if theirs:
+            text += (f"; at {parent} this model has {', '.join(ours)} where the checkpoint has {', '.join(theirs)}: "
+                     "written by a model, or a longboat version, that names these tensors differently")
+        return text
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn

@@ -9,7 +9,7 @@ from longboat.models.llm.config import DecoderConfig
 
 
 class DecoderHF:
-    """llama, mistral, qwen2, qwen3, mixtral, qwen3_moe and deepseek_v3 checkpoints in and out."""
+    """llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 and ernie4_5_moe checkpoints in and out."""
 
     def families(self) -> list[str]:
         from longboat.models.llm.hf import hf_families

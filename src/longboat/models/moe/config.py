@@ -29,6 +29,8 @@ class MoEConfig(StrictModel):
     # Routing.
     score_func: Literal["softmax", "sigmoid"] = "softmax"
     norm_topk_prob: bool = True
+    # ERNIE-4.5 divides the chosen weights by max(sum, this); by default they are divided by sum + 1e-20.
+    topk_norm_min: float | None = Field(default=None, gt=0)
     routed_scaling_factor: float = Field(default=1.0, gt=0)
     n_groups: int = Field(default=1, gt=0)
     topk_groups: int = Field(default=1, gt=0)

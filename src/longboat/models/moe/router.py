@@ -63,7 +63,8 @@ class Router(nn.Module):
         indices = choice.topk(cfg.top_k, dim=-1).indices
         weights = scores.gather(1, indices)
         if cfg.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (total + 1e-20 if cfg.topk_norm_min is None else total.clamp(min=cfg.topk_norm_min))
         weights = weights * cfg.routed_scaling_factor
         return Routing(indices, weights, scores, logits)
 

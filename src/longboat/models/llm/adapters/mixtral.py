@@ -1,9 +1,10 @@
 """Mixtral checkpoints (softmax top-k experts in every layer), and the expert stacking MoE families share.
 
-Checkpoints store one tensor per expert (``experts.{j}.w1.weight``, or ``gate_proj``/``up_proj``/``down_proj``);
-ours are stacked [E, ...] per projection. transformers v5 modules fuse them into ``experts.gate_up_proj``
-[E, 2·ffn, d] and ``experts.down_proj`` [E, d, ffn]; imports accept that layout too, exports write per-expert
-tensors, which is what transformers reads and writes on disk.
+Checkpoints store one tensor per expert (``experts.{j}.w1.weight``, or ``gate_proj``/``up_proj``/``down_proj``).
+Ours are stacked per layer: ``w13`` [E, 2·ffn, d] holds gate and up with their rows interleaved, ``w2``
+[E, d, ffn] the down projection. transformers v5 modules fuse them into ``experts.gate_up_proj`` [E, 2·ffn, d]
+(gate rows first, then up rows) and ``experts.down_proj``; imports accept that layout too, exports write
+per-expert tensors, which is what transformers reads and writes on disk.
 """
 
 from __future__ import annotations
@@ -14,48 +15,60 @@ import torch
 
 from longboat.models.llm.adapters.llama import DENSE_NAMES, DenseAdapter
 from longboat.models.llm.hf.adapter import HFConversionError, NameMap, register_hf_adapter
+from longboat.models.moe import fuse_gate_up, split_gate_up
 
-OURS = {"w1": "w1", "w2": "w2", "w3": "w3"}  # our stacked projections: gate, down, up
+MIXTRAL_PROJ = {"gate": "w1", "down": "w2", "up": "w3"}  # Mixtral's per-expert tensor names
 
 
 class MoEAdapter(DenseAdapter):
     """A dense adapter whose MoE layers keep their experts as per-expert tensors under ``{block}.experts.{j}``."""
 
     moe_block = "mlp"  # HF module holding router and experts
-    expert_proj = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}  # ours -> HF per-expert name
+    expert_proj = {"gate": "gate_proj", "down": "down_proj", "up": "up_proj"}  # projection -> HF per-expert name
 
     def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         block = re.escape(self.moe_block)
         per_expert = re.compile(rf"model\.layers\.(\d+)\.{block}\.experts\.(\d+)\.(\w+)\.weight")
         fused = re.compile(rf"model\.layers\.(\d+)\.{block}\.experts\.(gate_up_proj|down_proj)")
-        to_ours = {hf: ours for ours, hf in self.expert_proj.items()}
-        parts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
-        rest, out = {}, {}
+        to_proj = {hf: proj for proj, hf in self.expert_proj.items()}
+        parts: dict[int, dict[str, dict[int, torch.Tensor]]] = {}
+        stacked: dict[int, dict[str, torch.Tensor]] = {}
+        rest = {}
         for name, value in sd.items():
-            if (m := per_expert.fullmatch(name)) and m.group(3) in to_ours:
-                parts.setdefault((int(m.group(1)), to_ours[m.group(3)]), {})[int(m.group(2))] = value
+            if (m := per_expert.fullmatch(name)) and m.group(3) in to_proj:
+                parts.setdefault(int(m.group(1)), {}).setdefault(to_proj[m.group(3)], {})[int(m.group(2))] = value
             elif m := fused.fullmatch(name):
-                prefix = f"layers.{m.group(1)}.feed_forward.experts"
+                layer = stacked.setdefault(int(m.group(1)), {})
                 if m.group(2) == "down_proj":
-                    out[f"{prefix}.w2"] = value
+                    layer["down"] = value
                 else:
-                    out[f"{prefix}.w1"], out[f"{prefix}.w3"] = value.chunk(2, dim=1)
+                    layer["gate"], layer["up"] = value.chunk(2, dim=1)
             else:
                 rest[name] = value
-        for (layer, proj), experts in parts.items():
-            if sorted(experts) != list(range(len(experts))):
-                raise HFConversionError(f"layer {layer}: experts {sorted(experts)} of {proj} are not 0..n-1")
-            out[f"layers.{layer}.feed_forward.experts.{proj}"] = torch.stack([experts[j] for j in sorted(experts)])
+        for layer, projs in parts.items():
+            for proj, experts in projs.items():
+                if sorted(experts) != list(range(len(experts))):
+                    raise HFConversionError(f"layer {layer}: experts {sorted(experts)} of {proj} are not 0..n-1")
+                stacked.setdefault(layer, {})[proj] = torch.stack([experts[j] for j in sorted(experts)])
+        out = {}
+        for layer, projs in stacked.items():
+            if set(projs) != {"gate", "up", "down"}:
+                raise HFConversionError(f"layer {layer}: the experts have {sorted(projs)} projections, "
+                                        "expected gate, up and down")
+            prefix = f"layers.{layer}.feed_forward.experts"
+            out[f"{prefix}.w13"], out[f"{prefix}.w2"] = fuse_gate_up(projs["gate"], projs["up"]), projs["down"]
         return out | super().state_dict_from_hf(rest, cfg)
 
     def state_dict_to_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
-        stacked = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(w[123])")
+        stacked = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(w13|w2)")
         rest, out = {}, {}
         for name, value in sd.items():
             if m := stacked.fullmatch(name):
                 prefix = f"model.layers.{m.group(1)}.{self.moe_block}.experts"
-                for j, w in enumerate(value.unbind(0)):
-                    out[f"{prefix}.{j}.{self.expert_proj[m.group(2)]}.weight"] = w
+                projs = dict(zip(("gate", "up"), split_gate_up(value))) if m.group(2) == "w13" else {"down": value}
+                for proj, weights in projs.items():
+                    for j, w in enumerate(weights.unbind(0)):
+                        out[f"{prefix}.{j}.{self.expert_proj[proj]}.weight"] = w
             else:
                 rest[name] = value
         return out | super().state_dict_to_hf(rest, cfg)
@@ -87,7 +100,7 @@ def moe_names(block: str, shared: bool = False) -> list[tuple[str, str]]:
 class MixtralAdapter(MoEAdapter):
     architecture = "MixtralForCausalLM"
     moe_block = "block_sparse_moe"
-    expert_proj = OURS
+    expert_proj = MIXTRAL_PROJ
     names = NameMap(DENSE_NAMES.pairs + moe_names("block_sparse_moe"))
 
     def config_from_hf(self, hf: dict) -> dict:
