@@ -115,7 +115,7 @@ def test_stacked_experts_arrive_with_the_file_that_completes_them(moe_dir):
     # The files group by group: a file that completes nothing yields nothing, so compare completion order.
     last_file = {ours: max(where[name] for name in parts) for ours, parts in weights.parts.items()}
     assert sorted(seen) == sorted(last_file)
-    stacked = "layers.0.feed_forward.experts.w1"
+    stacked = "layers.0.feed_forward.experts.w13"
     assert len({where[name] for name in weights.parts[stacked]}) > 1  # its experts lie in several files
     ranks = sorted(set(last_file.values()))
     assert all(seen[k] == ranks.index(last_file[k]) for k in seen)

@@ -52,11 +52,16 @@ class MoEAdapter(DenseAdapter):
                 stacked.setdefault(layer, {})[proj] = torch.stack([experts[j] for j in sorted(experts)])
         out = {}
         for layer, projs in stacked.items():
-            if set(projs) != {"gate", "up", "down"}:
-                raise HFConversionError(f"layer {layer}: the experts have {sorted(projs)} projections, "
-                                        "expected gate, up and down")
+            # A streamed import converts w13 and w2 apart, each once its own parts are read; the whole-checkpoint
+            # check (check_hf_tensors) has already named any projection missing from the files.
+            if ("gate" in projs) != ("up" in projs):
+                raise HFConversionError(f"layer {layer}: the experts have {sorted(projs)} projections; gate and up "
+                                        "make one fused weight and come together")
             prefix = f"layers.{layer}.feed_forward.experts"
-            out[f"{prefix}.w13"], out[f"{prefix}.w2"] = fuse_gate_up(projs["gate"], projs["up"]), projs["down"]
+            if "gate" in projs:
+                out[f"{prefix}.w13"] = fuse_gate_up(projs["gate"], projs["up"])
+            if "down" in projs:
+                out[f"{prefix}.w2"] = projs["down"]
         return out | super().state_dict_from_hf(rest, cfg)
 
     def state_dict_to_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
