@@ -12,13 +12,11 @@ share of that ideal left after communication and sharding.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from worker_launch import launch as launch_worker, report as report_result
+from worker_launch import launch as launch_worker, median_seconds, report as report_result
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,15 +72,9 @@ def worker(args: argparse.Namespace) -> None:
         trainer = Trainer(train_cfg, CheckpointConfig(export=False), run_dir, model, make_lm_loss(False),
                           RandomTokens(), dp=dp, device=runtime.device)
         torch.set_num_threads(threads)
-        times = []
-        for i in range(args.warmup + args.steps):
-            start = time.perf_counter()
-            trainer.train_step()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - start)
+        step_s = median_seconds(trainer.train_step, args.warmup, args.steps)
     if runtime.rank == 0:
-        report_result({"mode": args.worker, "ranks": ranks, "threads": threads,
-                       "step_s": statistics.median(times)})
+        report_result({"mode": args.worker, "ranks": ranks, "threads": threads, "step_s": step_s})
     shutdown(runtime)
 
 

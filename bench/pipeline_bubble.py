@@ -14,13 +14,11 @@ on the first, head and loss on the last) add to the measured share.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from worker_launch import launch as launch_worker, report as report_result
+from worker_launch import launch as launch_worker, median_seconds, report as report_result
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)]
 
@@ -82,14 +80,9 @@ def worker(args: argparse.Namespace) -> None:
         trainer = Trainer(train_cfg, CheckpointConfig(export=False), run_dir, model, loss, RandomTokens(),
                           dp=DataParallel(), device=runtime.device, pipeline=pipeline)
         torch.set_num_threads(1)
-        times = []
-        for i in range(args.warmup + args.steps):
-            start = time.perf_counter()
-            trainer.train_step()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - start)
+        step_s = median_seconds(trainer.train_step, args.warmup, args.steps)
     if runtime.rank == 0:
-        report_result({"step_s": statistics.median(times)})
+        report_result({"step_s": step_s})
     shutdown(runtime)
 
 

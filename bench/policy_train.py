@@ -18,13 +18,11 @@ The dataset is ``--dataset`` or a synthetic one written first (state, action and
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from worker_launch import launch as launch_worker, report as report_result
+from worker_launch import launch as launch_worker, median_seconds, report as report_result
 
 
 def parse_args() -> argparse.Namespace:
@@ -98,16 +96,6 @@ class Materialised:
         return self.samples[index[0] if isinstance(index, tuple) else index]
 
 
-def median_step_s(trainer, args: argparse.Namespace) -> float:
-    times = []
-    for i in range(args.warmup + args.steps):
-        start = time.perf_counter()
-        trainer.train_step()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def trainer_for(resolved, data, train, dp=None, model=None, mesh=None):
     import torch
 
@@ -134,9 +122,9 @@ def measure_single(args: argparse.Namespace, dataset: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         resolved = resolved_run(args, dataset, run_dir, args.batch, args.warmup + args.steps)
         data = resolved.task.build(resolved.model, resolved.cfg.train, 0, 1)
-        with_loading = median_step_s(trainer_for(resolved, data, data.train), args)
+        with_loading = median_seconds(trainer_for(resolved, data, data.train).train_step, args.warmup, args.steps)
         samples = Materialised([data.train[(i, i)] for i in range(min(n, len(data.train)))])
-        without_loading = median_step_s(trainer_for(resolved, data, samples), args)
+        without_loading = median_seconds(trainer_for(resolved, data, samples).train_step, args.warmup, args.steps)
 
         model = resolved.spec.build(resolved.model).eval()
         pipeline = resolved.task.pipeline(train=False)
@@ -148,20 +136,12 @@ def measure_single(args: argparse.Namespace, dataset: str) -> dict:
             raw = {k: torch.stack([it[k] for it in items]) for k in data.train.keys if k != resolved.model.action_feature}
             obs = pipeline.apply(raw)
             keys = torch.arange(b, dtype=torch.int64)
-            latency[f"predict_b{b}"] = _median_call(lambda: model.predict(obs, noise_key=keys), args)
-            latency[f"act_b{b}"] = _median_call(lambda: bundle.act(raw, noise_key=keys), args)
+            predict = lambda: model.predict(obs, noise_key=keys)  # noqa: E731
+            act = lambda: bundle.act(raw, noise_key=keys)  # noqa: E731
+            latency[f"predict_b{b}"] = median_seconds(predict, args.warmup, args.steps)
+            latency[f"act_b{b}"] = median_seconds(act, args.warmup, args.steps)
     params = sum(p.numel() for p in model.parameters())
     return {"with_loading": with_loading, "without_loading": without_loading, "params": params, **latency}
-
-
-def _median_call(fn, args: argparse.Namespace) -> float:
-    times = []
-    for i in range(args.warmup + args.steps):
-        start = time.perf_counter()
-        fn()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -181,7 +161,7 @@ def worker(args: argparse.Namespace) -> None:
         data = resolved.task.build(resolved.model, resolved.cfg.train, 0, ranks)
         n = min(args.batch * (args.warmup + args.steps), len(data.train))
         samples = Materialised([data.train[(i, i)] for i in range(n)])
-        step_s = median_step_s(trainer_for(resolved, data, samples, dp, mesh=mesh), args)
+        step_s = median_seconds(trainer_for(resolved, data, samples, dp, mesh=mesh).train_step, args.warmup, args.steps)
     if runtime.rank == 0:
         report_result({"ranks": ranks, "step_s": step_s})
     shutdown(runtime)

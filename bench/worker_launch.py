@@ -7,10 +7,25 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
+from typing import Callable
 
 RESULT = "RESULT "
+
+
+def median_seconds(step: Callable[[], object], warmup: int, repeats: int) -> float:
+    """The median wall time of ``step()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def report(result: dict) -> None:
