@@ -43,3 +43,13 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float) -> str:
         proc.wait()
         raise AssertionError(f"{' '.join(proc.args)} still running after {timeout}s:\n{log.read_text()[-4000:]}")
     return log.read_text()
+
+
+def assert_bias_balancing_moved(run_dir: Path) -> None:
+    """Every step of a run with DeepSeek-V3's aux-free balancing saw unequal expert loads, so every bias update
+    moved the bias by ±rate per expert. (Its final value is no witness: with paired loads the bias can toggle back
+    to zero.) Equal losses and an equal final bias against one process then say it moved identically."""
+    from longboat.trainer.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if r.get("kind") == "train"]
+    assert rows and all(r["moe_load_max"] > r["moe_load_min"] for r in rows)
