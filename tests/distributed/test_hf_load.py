@@ -25,7 +25,7 @@ def test_fsdp_ranks_get_the_streamed_import_of_rank_0(moe_dir, tmp_path):  # noq
     bad.write_bytes(bad.read_bytes()[:100])
     log = tmp_path / "log.txt"
     out = finish(start(torchrun(2, free_ports(1)[0], WORKER, str(src), str(corrupt), str(tmp_path)), log), log, 240)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
     ours, _, _ = load_hf_model(src, dtype="float32")
     single = ours.state_dict()
