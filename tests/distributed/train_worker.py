@@ -50,6 +50,13 @@ MODELS = {
         moe=dict(MOE, n_shared_experts=1, score_func="sigmoid", n_groups=2, topk_groups=1, routed_scaling_factor=2.5,
                  use_expert_bias=True, aux_loss="sequence"),
     ),
+    # Four layers (the first dense) for two MoE stages per rank at pp 2.
+    "deepseek_4": dict(
+        BASE, n_layers=4, n_kv_heads=None, attention="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, dense_layers=[0],
+        moe=dict(MOE, n_shared_experts=1, score_func="sigmoid", n_groups=2, topk_groups=1, routed_scaling_factor=2.5,
+                 use_expert_bias=True, aux_loss="sequence"),
+    ),
     # Qwen3-MoE in small: grouped-query attention with q/k norms, softmax routing in every layer, Switch aux loss.
     "qwen3moe": dict(BASE, qk_norm=True, moe=dict(MOE, aux_loss="switch", z_loss_coef=1e-3)),
     # Capacity 1.0 drops 8-24 of each layer's 64 routed copies per 2-sample micro-batch.
@@ -120,6 +127,13 @@ CASES = {
     "ep_hsdp_deepseek": Case("deepseek", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
                              gradients="only"),
     "pp_fsdp": Case("untied_qk", {"pp": 2, "dp_shard": 2}, grad_accum=2),
+    # mixture of experts under pipeline parallel (test_pipeline.py), against one process with the same micro-batches
+    "single_deepseek_accum": Case("deepseek", grad_accum=2),
+    "single_deepseek_4_accum": Case("deepseek_4", grad_accum=2),
+    "pp_qwen3moe": Case("qwen3moe", {"pp": 2}, grad_accum=2),
+    "pp_deepseek": Case("deepseek", {"pp": 2}, grad_accum=2),
+    "pp_interleaved_deepseek": Case("deepseek_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
+                                    grad_accum=2),
     "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
                                              "pp_virtual_stages": 2, "activation_checkpointing": "full"},
                                 grad_accum=2),

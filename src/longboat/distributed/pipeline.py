@@ -26,6 +26,7 @@ from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 from longboat.distributed.mesh import ParallelMesh
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp
+from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.models.registry import PipelineSplit
 from longboat.trainer.trainer import LossOutput, StagedLoss
 
@@ -110,8 +111,9 @@ class Pipeline:
     """Runs a step's micro-batches through this rank's stages with the schedule; see ``build_pipeline``.
 
     The loss is the task's summed loss per micro-batch (``scale_grads=False``), so gradients accumulate as the
-    trainer's own micro-batch loop accumulates them; the trainer still divides by the global batch's count.
-    Every rank of the pipeline gets the step's totals from the last stage.
+    trainer's own micro-batch loop accumulates them; the trainer still divides by the global batch's count. In
+    training each stage adds its own layers' auxiliary losses (``pipeline_hooks``). Every rank of the pipeline gets
+    the step's totals: the last stage's loss and the whole model's auxiliary losses, as one process logs them.
     """
 
     def __init__(self, model: nn.Module, stages: list[PipelineStage], cfg: ParallelConfig, mesh: ParallelMesh,
@@ -125,6 +127,10 @@ class Pipeline:
         owned = stages if cfg.pp_schedule == "interleaved_1f1b" else stages[0]
         self.schedule = schedule(owned, n_microbatches, loss_fn=self._stage_loss, scale_grads=False)
         self.n_microbatches = n_microbatches
+        self.hooks = StageHooks(loss, n_microbatches)
+        for stage in stages:
+            self.hooks.attach(stage.submod, stage.stage_index)
+        self._device = stages[0].device
         self._batches: list[dict] = []
         self._outputs: dict[int, LossOutput] = {}
 
@@ -132,7 +138,7 @@ class Pipeline:
         # The target is the micro-batch's index; the schedule also calls this once to infer gradient shapes,
         # which a later call for the same index overwrites.
         i = int(target)
-        out = self.loss.output_loss(output, self._batches[i], self.model)
+        out = self.loss.output_loss(output, self._batches[i])
         self._outputs[i] = out
         return out.loss_sum
 
@@ -144,23 +150,38 @@ class Pipeline:
         # The schedule cuts the concatenated batch back into the same micro-batches.
         args = tuple(torch.cat(parts) for parts in zip(*(a for a, _ in inputs))) if self.has_first else ()
         kwargs = {k: torch.cat([kw[k] for _, kw in inputs]) for k in inputs[0][1]}
+        kwargs[MICROBATCH] = torch.arange(len(batches))  # cut into one index per micro-batch, as the target
         target = torch.arange(len(batches)) if self.has_last else None
         run = self.schedule.step if train else self.schedule.eval
+        self.hooks.start(batches, train)
         run(*args, target=target, return_outputs=False, **kwargs)
+        self.hooks.finish()
         return self._totals()
 
     def _totals(self) -> LossOutput:
-        totals: list = [None]
+        """The step's totals on every rank, from the last stage's losses and every stage's auxiliary losses."""
+        outs = None
         if self.has_last:
-            outs = [self._outputs[i] for i in range(self.n_microbatches)]
-            metrics: dict[str, float] = {}
-            for out in outs:
-                for k, v in (out.metrics or {}).items():
-                    metrics[k] = metrics.get(k, 0.0) + float(v) / len(outs)
-            totals = [(sum(float(o.loss_sum.detach()) for o in outs), sum(float(o.count) for o in outs),
-                       sum(o.units for o in outs), metrics)]
-        dist.broadcast_object_list(totals, group=self.group, group_src=self.last_rank)
-        loss_sum, count, units, metrics = totals[0]
+            outs = [(float(o.loss_sum.detach()), float(o.count), o.units, {k: float(v) for k, v in (o.metrics or {}).items()})
+                    for o in (self._outputs[i] for i in range(self.n_microbatches))]
+        aux = {stage: {i: {k: v.cpu() for k, v in part.items()} for i, part in parts.items()}
+               for stage, parts in self.hooks.aux.items()}
+        gathered: list = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, (outs, aux), group=self.group)
+        outs = gathered[self.last_rank][0]
+        aux = {stage: parts for _, rank_aux in gathered for stage, parts in rank_aux.items()}
+        loss_sum = count = 0.0
+        units = 0
+        metrics: dict[str, float] = {}
+        for i, (out_loss, out_count, out_units, out_metrics) in enumerate(outs):
+            if aux:  # the whole model's auxiliary losses of micro-batch i, added as one process adds them
+                whole = combine_aux([aux[stage][i] for stage in sorted(aux)])
+                part = self.loss.aux_loss({k: v.to(self._device) for k, v in whole.items()}, self._batches[i])
+                out_loss += float(part.loss_sum)
+                out_metrics = {**out_metrics, **{k: float(v) for k, v in (part.metrics or {}).items()}}
+            loss_sum, count, units = loss_sum + out_loss, count + out_count, units + out_units
+            for k, v in out_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v / len(outs)
         return LossOutput(torch.tensor(loss_sum, dtype=torch.float64), count, units, metrics)
 
     def train_step(self, batches: list[dict]) -> LossOutput:

@@ -24,8 +24,8 @@ def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 class LMLoss:
     """Summed next-token cross-entropy over pre-shifted labels (``IGNORE_INDEX`` skipped), plus MoE aux losses
-    in training; see ``make_lm_loss``. A pipeline calls its two halves on different stages: ``model_inputs`` on
-    every stage, ``output_loss`` on the last one's logits."""
+    in training; see ``make_lm_loss``. A pipeline calls its parts on different stages: ``model_inputs`` on every
+    stage, ``output_loss`` on the last one's logits and ``aux_loss`` on each stage's own MoE layers."""
 
     def __init__(self, use_position_ids: bool, use_segments: bool = False, per_sample: bool = False):
         self.use_position_ids, self.use_segments, self.per_sample = use_position_ids, use_segments, per_sample
@@ -39,10 +39,11 @@ class LMLoss:
             kwargs["segments"] = batch["segments"]
         return (batch["tokens"],), kwargs
 
-    def output_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor], model: torch.nn.Module) -> LossOutput:
+    def output_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """The cross-entropy part of the micro-batch's loss (without the model's aux losses)."""
         labels = batch["labels"]
-        segments = batch["segments"] if self.use_segments else None
-        units = int((segments > 0).sum()) if segments is not None else labels.numel()
+        segments = self._segments(batch)
+        units = int((segments > 0).sum()) if self.use_segments else labels.numel()
         if self.per_sample:
             loss_sum, count = _per_sample_loss(logits, labels, segments)
         else:
@@ -50,15 +51,30 @@ class LMLoss:
                 logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
             )
             count = (labels != IGNORE_INDEX).sum()
-        moe_aux = getattr(unwrap(model), "moe_aux", None)
-        aux = moe_aux() if moe_aux is not None and model.training else None
-        if aux is None:
-            return LossOutput(loss_sum, count, units)
-        return LossOutput(loss_sum + aux["loss"] * count, count, units, moe_metrics(aux))
+        return LossOutput(loss_sum, count, units)
+
+    def aux_loss(self, aux: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> LossOutput:
+        """The part of the micro-batch's loss that MoE aux losses ``aux`` (``Decoder.moe_aux``) add: their weighted
+        sum times the micro-batch's count, with their load statistics as metrics (and no units)."""
+        labels = batch["labels"]
+        if self.per_sample:
+            count = _sample_ids(labels, self._segments(batch)).unique().numel()
+        else:
+            count = (labels != IGNORE_INDEX).sum()
+        return LossOutput(aux["loss"] * count, count, 0, moe_metrics(aux))
+
+    def _segments(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        return batch["segments"] if self.use_segments else None
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         args, kwargs = self.model_inputs(batch)
-        return self.output_loss(model(*args, **kwargs), batch, model)
+        out = self.output_loss(model(*args, **kwargs), batch)
+        moe_aux = getattr(unwrap(model), "moe_aux", None)
+        aux = moe_aux() if moe_aux is not None and model.training else None
+        if aux is None:
+            return out
+        part = self.aux_loss(aux, batch)
+        return LossOutput(out.loss_sum + part.loss_sum, out.count, out.units, part.metrics)
 
 
 def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample: bool = False) -> LMLoss:
@@ -76,6 +92,14 @@ def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample:
     return LMLoss(use_position_ids, use_segments, per_sample)
 
 
+def _sample_ids(labels: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+    """The sample (a segment of a packed row, else a row) of each supervised label, as ``row * n_ids + segment``."""
+    if segments is None:
+        segments = torch.ones_like(labels)
+    rows = torch.arange(labels.shape[0], device=labels.device)[:, None]
+    return (rows * (int(segments.max()) + 1) + segments)[labels != IGNORE_INDEX]
+
+
 def _per_sample_loss(
     logits: torch.Tensor, labels: torch.Tensor, segments: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,12 +108,9 @@ def _per_sample_loss(
     token_loss = F.cross_entropy(
         logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
     ).view(B, T)
-    if segments is None:
-        segments = torch.ones_like(labels)
-    n_ids = int(segments.max()) + 1
-    valid = labels != IGNORE_INDEX
-    sample = (torch.arange(B, device=labels.device)[:, None] * n_ids + segments)[valid]
-    sums = token_loss.new_zeros(B * n_ids).index_add_(0, sample, token_loss[valid])
+    n_ids = int(segments.max()) + 1 if segments is not None else 2
+    sample = _sample_ids(labels, segments)
+    sums = token_loss.new_zeros(B * n_ids).index_add_(0, sample, token_loss[labels != IGNORE_INDEX])
     counts = torch.bincount(sample, minlength=B * n_ids)
     has = counts > 0
     return (sums[has] / counts[has]).sum(), has.sum()

@@ -11,8 +11,4 @@ def decoder_pipeline_split(cfg: DecoderConfig) -> PipelineSplit:
     if cfg.tie_embeddings:
         raise ConfigError("parallel.pp > 1 needs model.tie_embeddings=false: the head on the last stage would read "
                           "the embedding table of the first")
-    if cfg.moe is not None:
-        # The router aux losses of the earlier stages would have to travel with the activations to the loss.
-        raise ConfigError("parallel.pp > 1 does not carry the MoE layers' auxiliary losses between stages yet; "
-                          "use parallel.pp=1 for MoE models")
     return PipelineSplit(layers="layers", first=("tok_embeddings",), last=("norm", "output"))
