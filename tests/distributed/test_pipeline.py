@@ -1,6 +1,8 @@
-"""Pipeline parallelism: the stage split and its config errors in one process, and real gloo ranks trained with
-the real Trainer against one process (losses, gradient norms, final weights) for GPipe, 1F1B, interleaved 1F1B,
-pp × FSDP, and checkpoints moved between pp 2 and one process."""
+"""Pipeline parallelism: the stage split, its config errors and the stage hooks (MoE aux losses, torch's
+shape-inference forward) in one process, and real gloo ranks trained with the real Trainer against one process
+(losses, gradient norms, final weights) for GPipe, 1F1B, interleaved 1F1B, pp × FSDP, Qwen3-MoE- and
+DeepSeek-V3-style decoders (expert biases and load metrics included), and checkpoints moved between pp 2 and one
+process."""
 
 import pytest
 import torch
@@ -10,14 +12,18 @@ from longboat.cli.main import main
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelConfig, resolve_dims
 from longboat.distributed.pipeline import StageLayers, _keep, check_microbatches, stage_layer_counts
+from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.models import build_model, get_model
+from longboat.tasks.lm_loss import make_lm_loss
 from tests.conftest import REPO
-from tests.distributed.conftest import WORKER, finish, free_ports, start, torchrun
-from tests.distributed.test_parallelize import _assert_same_run
+from tests.distributed.conftest import WORKER, assert_bias_balancing_moved, finish, free_ports, start, torchrun
+from tests.distributed.test_parallelize import _assert_same_run, _rows
 from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
 
-TWO_RANKS = ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single"]
-FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp"]
+TWO_RANKS = ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single", "pp_qwen3moe", "pp_deepseek",
+             "pp_interleaved_deepseek"]
+MOE_REFERENCES = ["single_qwen3moe_accum", "single_deepseek_accum", "single_deepseek_4_accum"]
+FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek"]
 
 
 def test_even_split_gives_earlier_stages_the_remainder():
@@ -87,6 +93,82 @@ def test_stages_keep_full_model_names_and_chain_to_the_full_forward():
     torch.testing.assert_close(h, full(tokens))
 
 
+def _moe_batch(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, MODELS["qwen3moe"]["vocab_size"], (2, 9), generator=g)
+    labels = torch.randint(0, MODELS["qwen3moe"]["vocab_size"], (2, 9), generator=g)
+    labels[0, :4] = -100
+    return {"tokens": tokens, "labels": labels, "segments": torch.tensor([[1] * 5 + [2] * 4, [1] * 9])}
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_the_loss_parts_a_pipeline_splits_add_up_to_the_loss(per_sample):
+    """The cross-entropy of the last stage's output plus the aux part of every stage (here all in one) is the loss
+    one process computes, count and metrics included."""
+    torch.manual_seed(0)
+    model = build_model("decoder", MODELS["qwen3moe"]).train()
+    loss, batch = make_lm_loss(False, use_segments=per_sample, per_sample=per_sample), _moe_batch(0)
+    whole = loss(model, batch)
+    args, kwargs = loss.model_inputs(batch)
+    ce = loss.output_loss(model(*args, **kwargs), batch)
+    aux = loss.aux_loss(model.moe_aux(), batch)
+    assert int(aux.count) == int(ce.count) == int(whole.count) == (3 if per_sample else 14)
+    torch.testing.assert_close(ce.loss_sum + aux.loss_sum, whole.loss_sum)
+    assert aux.metrics == whole.metrics and aux.metrics["moe_aux_loss"] > 0
+
+
+def test_stage_hooks_add_the_aux_loss_to_the_gradient_and_undo_the_shape_inference_forward():
+    """A stage whose output alone is backpropagated gets the gradients of output + weighted aux; the first call for
+    micro-batch 0 (torch's shape inference) leaves no expert loads behind; the calls are checked."""
+    torch.manual_seed(0)
+    model = build_model("decoder", MODELS["qwen3moe"]).train()
+    reference = build_model("decoder", MODELS["qwen3moe"]).train()
+    reference.load_state_dict(model.state_dict())
+    loss, batches = make_lm_loss(False), [_moe_batch(0), _moe_batch(1)]
+    hooks = StageHooks(loss, n_microbatches=2)
+    hooks.attach(model, stage=0)
+    hooks.start(batches, train=True)
+    model(batches[0]["tokens"], **{MICROBATCH: torch.tensor([0])})  # the shape inference's run of micro-batch 0
+    for i, batch in enumerate(batches):
+        model(batch["tokens"], **{MICROBATCH: torch.tensor([i])}).sum().backward()
+    hooks.finish()
+    auxes = []
+    for batch in batches:
+        out = reference(batch["tokens"])
+        auxes.append(reference.moe_aux())
+        (out.sum() + loss.aux_loss(auxes[-1], batch).loss_sum).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(model.get_buffer(name), buffer, msg=name)
+    assert int(model.layers[0].feed_forward.load_since_update.sum()) == 2 * 2 * 9 * MODELS["qwen3moe"]["moe"]["top_k"]
+    for i in range(2):
+        for k, v in hooks.aux[0][i].items():
+            torch.testing.assert_close(v, auxes[i][k].detach(), msg=k)
+    loads = model.layers[0].feed_forward.load_since_update.clone()
+    for train in (False, True):  # torch infers the shapes again after each switch between evaluation and training
+        model.train(train)
+        hooks.start(batches, train)
+        for i in (0, 0, 1):
+            model(batches[i]["tokens"], **{MICROBATCH: torch.tensor([i])})
+        hooks.finish()
+        assert bool(hooks.aux) == train
+    assert int((model.layers[0].feed_forward.load_since_update - loads).sum()) == int(loads.sum())
+    hooks.start(batches, train=True)  # no shape inference expected now: micro-batch 0 twice is an error
+    for i in (0, 0, 1):
+        model(batches[i]["tokens"], **{MICROBATCH: torch.tensor([i])})
+    with pytest.raises(RuntimeError, match=r"pipeline stage 0 ran micro-batches \[0, 0, 1\], expected \[0, 1\]"):
+        hooks.finish()
+
+
+def test_stage_aux_parts_combine_in_stage_order():
+    first = {"loss": torch.tensor(0.5), "load": torch.ones(1, 4), "dropped": torch.zeros(1, 4)}
+    second = {"loss": torch.tensor(0.25), "load": 2 * torch.ones(2, 4), "dropped": torch.ones(2, 4)}
+    whole = combine_aux([first, second])
+    assert float(whole["loss"]) == 0.75
+    assert whole["load"][:, 0].tolist() == [1, 2, 2] and whole["dropped"].shape == (3, 4)
+
+
 # The pipeline checks run before the data is read, so these need no corpus.
 NO_DATA = ["data.tokenizer=missing", "data.paths=[missing]", "data.seq_len=16", "train.steps=1", "model.n_layers=2",
            "model.tie_embeddings=false", "parallel.pp=2", "train.grad_accum=2", "train.eval_batches=2"]
@@ -116,6 +198,8 @@ def runs(tmp_path_factory):
         run_case(out, "single_qk")  # saves the checkpoint pp_from_single starts from
         two = start(torchrun(2, port2, str(WORKER), str(out), *TWO_RANKS), out / "two.log")
         run_case(out, "single_4")
+        for ref in MOE_REFERENCES:
+            run_case(out, ref)
         log = finish(two, out / "two.log", timeout=400)
         assert two.returncode == 0, log[-6000:]
         run_case(out, "single_qk_from_pp")  # from pp_1f1b's checkpoint
@@ -130,9 +214,28 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("case,ref", [
     ("pp_gpipe", "single_qk"), ("pp_1f1b", "single_qk"), ("pp_interleaved", "single_4"),
     ("pp_fsdp", "single_qk"), ("pp_interleaved_fsdp", "single_4"),
+    ("pp_fsdp_deepseek", "single_deepseek_accum"),  # each stage's expert loads summed over its 2 data-parallel ranks
 ])
 def test_pipeline_training_matches_one_process(runs, case, ref):
     _assert_same_run(runs, case, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,ref", [
+    ("pp_qwen3moe", "single_qwen3moe_accum"), ("pp_deepseek", "single_deepseek_accum"),
+    ("pp_interleaved_deepseek", "single_deepseek_4_accum"),
+])
+def test_moe_pipeline_training_matches_one_process(runs, case, ref):
+    """Losses (aux losses of every stage included), gradient norms, final weights and expert biases, and the load
+    metrics of every step."""
+    _assert_same_run(runs, case, ref)
+    got, want = _rows(runs / case), _rows(runs / ref)
+    for step, row in got.items():
+        for key in ("moe_aux_loss", "moe_load_max", "moe_load_min", "moe_dropped"):
+            assert row[key] == pytest.approx(want[step][key], rel=1e-5, abs=1e-7), f"{case}: {key}, step {step}"
+    if "deepseek" in case:
+        assert_bias_balancing_moved(runs / ref)
+        assert any("expert_bias" in name for name in torch.load(runs / case / "final.pt", weights_only=True))
 
 
 @pytest.mark.slow

@@ -134,6 +134,7 @@ CASES = {
     "pp_deepseek": Case("deepseek", {"pp": 2}, grad_accum=2),
     "pp_interleaved_deepseek": Case("deepseek_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
                                     grad_accum=2),
+    "pp_fsdp_deepseek": Case("deepseek", {"pp": 2, "dp_shard": 2}, grad_accum=2),  # bias loads summed over dp
     "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
                                              "pp_virtual_stages": 2, "activation_checkpointing": "full"},
                                 grad_accum=2),

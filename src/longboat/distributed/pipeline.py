@@ -160,10 +160,7 @@ class Pipeline:
 
     def _totals(self) -> LossOutput:
         """The step's totals on every rank, from the last stage's losses and every stage's auxiliary losses."""
-        outs = None
-        if self.has_last:
-            outs = [(float(o.loss_sum.detach()), float(o.count), o.units, {k: float(v) for k, v in (o.metrics or {}).items()})
-                    for o in (self._outputs[i] for i in range(self.n_microbatches))]
+        outs = [_floats(self._outputs[i]) for i in range(self.n_microbatches)] if self.has_last else None
         aux = {stage: {i: {k: v.cpu() for k, v in part.items()} for i, part in parts.items()}
                for stage, parts in self.hooks.aux.items()}
         gathered: list = [None] * dist.get_world_size(self.group)
@@ -176,9 +173,9 @@ class Pipeline:
         for i, (out_loss, out_count, out_units, out_metrics) in enumerate(outs):
             if aux:  # the whole model's auxiliary losses of micro-batch i, added as one process adds them
                 whole = combine_aux([aux[stage][i] for stage in sorted(aux)])
-                part = self.loss.aux_loss({k: v.to(self._device) for k, v in whole.items()}, self._batches[i])
-                out_loss += float(part.loss_sum)
-                out_metrics = {**out_metrics, **{k: float(v) for k, v in (part.metrics or {}).items()}}
+                part_loss, _, _, part_metrics = _floats(
+                    self.loss.aux_loss({k: v.to(self._device) for k, v in whole.items()}, self._batches[i]))
+                out_loss, out_metrics = out_loss + part_loss, {**out_metrics, **part_metrics}
             loss_sum, count, units = loss_sum + out_loss, count + out_count, units + out_units
             for k, v in out_metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v / len(outs)
@@ -196,6 +193,12 @@ class Pipeline:
         squared = local.double().square()
         dist.all_reduce(squared, group=self.group)
         return squared.sqrt().to(local.dtype)
+
+
+def _floats(out: LossOutput) -> tuple[float, float, int, dict[str, float]]:
+    """A micro-batch's loss as plain numbers, to send between ranks."""
+    metrics = {k: float(v) for k, v in (out.metrics or {}).items()}
+    return float(out.loss_sum.detach()), float(out.count), out.units, metrics
 
 
 def build_pipeline(

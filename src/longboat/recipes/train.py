@@ -88,7 +88,7 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     n_frozen = freeze_outside(model, groups)
     pipeline = None
     if checked.pipeline is not None:
-        if not callable(getattr(data.loss_fn, "output_loss", None)):
+        if not all(callable(getattr(data.loss_fn, part, None)) for part in ("model_inputs", "output_loss", "aux_loss")):
             raise ConfigError(f"parallel.pp={cfg.parallel.pp}: the {cfg.task} task's loss cannot be split into "
                               "pipeline stages; set parallel.pp=1")
         model, pipeline = build_pipeline(model, checked.pipeline, mesh, cfg.parallel, data.loss_fn,
