@@ -11,7 +11,9 @@ from pydantic import ValidationError
 from longboat.cli.main import main
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelConfig, resolve_dims
-from longboat.distributed.pipeline import StageLayers, _keep, check_microbatches, stage_layer_counts
+from longboat.distributed.pipeline import (
+    StageLayers, _keep, _materialize_stages, check_microbatches, stage_layer_counts,
+)
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.models import build_model, get_model
 from longboat.tasks.lm_loss import make_lm_loss
@@ -91,6 +93,27 @@ def test_stages_keep_full_model_names_and_chain_to_the_full_forward():
     for stage in stages:
         h = stage(h)
     torch.testing.assert_close(h, full(tokens))
+
+
+def test_meta_init_allocates_and_initialises_a_stage_alone():
+    """A stage built on the meta device gets real weights of the usual scale and the full model's RoPE tables; two
+    pipeline ranks draw different numbers."""
+    split = get_model("decoder").pipeline_split(build_model("decoder", MODELS["deepseek"]).cfg)
+    torch.manual_seed(0)
+    full = build_model("decoder", MODELS["deepseek"])
+    stages = []
+    for pp_rank in (0, 1):
+        with torch.device("meta"):
+            stage = build_model("decoder", MODELS["deepseek"])
+        _keep(stage, split, {"1": stage.layers[1]}, first=False, last=False)
+        _materialize_stages(stage, torch.device("cpu"), pp_rank)
+        stages.append(stage)
+    for name, t in [*stages[0].named_parameters(), *stages[0].named_buffers()]:
+        assert not t.is_meta and bool(torch.isfinite(t).all()), name
+    torch.testing.assert_close(stages[0].rope_cos, full.rope_cos)
+    w = stages[0].layers["1"].feed_forward.experts.w13
+    assert 0.01 < float(w.detach().std()) < 0.04  # init_std 0.02
+    assert not torch.equal(w, stages[1].layers["1"].feed_forward.experts.w13)
 
 
 def _moe_batch(seed: int) -> dict:
@@ -241,5 +264,6 @@ def test_moe_pipeline_training_matches_one_process(runs, case, ref):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["pp_from_single", "single_qk_from_pp"])
 def test_checkpoint_resumes_across_pipeline_layouts(runs, case):
-    """1 process → pp 2 and pp 2 → 1 process, from step SAVE_AT: the curve and the weights continue."""
+    """1 process → pp 2 and pp 2 → 1 process, from step SAVE_AT: the curve and the weights continue. (pp_from_single
+    builds its model on the meta device, parallel.meta_init.)"""
     _assert_same_run(runs, case, "single_qk", first_step=SAVE_AT + 1)

@@ -10,6 +10,7 @@ checkpoints and ``final.pt`` (the full parameters, gathered to rank 0); cases th
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import time
@@ -95,8 +96,8 @@ CASES = {
     "pp_1f1b": Case("untied_qk", {"pp": 2}, save_every=SAVE_AT, grad_accum=2),
     "pp_interleaved": Case("untied_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
                            grad_accum=4),
-    "pp_from_single": Case("untied_qk", {"pp": 2}, resume_from=f"single_qk/checkpoints/step_{SAVE_AT:08d}",
-                           grad_accum=2),
+    "pp_from_single": Case("untied_qk", {"pp": 2, "meta_init": True},  # built on the meta device
+                           resume_from=f"single_qk/checkpoints/step_{SAVE_AT:08d}", grad_accum=2),
     # 4 ranks
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
@@ -198,7 +199,8 @@ def run_case(out: Path, name: str) -> None:
     mesh = ParallelMesh(dims, "cpu") if dist.is_initialized() else None
     torch.manual_seed(0)
     model_cfg = MODELS[case.model]
-    model = build_model("decoder", model_cfg)
+    with torch.device("meta") if cfg.meta_init else contextlib.nullcontext():
+        model = build_model("decoder", model_cfg)
     spec = get_model("decoder")
     loss = make_lm_loss(False)
     pipeline = None

@@ -90,6 +90,3 @@ class ParallelConfig(StrictModel):
             raise ValueError("parallel.pp > 1 shards each stage with FSDP; use parallel.data_parallel=fsdp")
         if self.pp > 1 and self.tp > 1:
             raise ValueError("parallel.pp > 1 cannot be combined with parallel.tp > 1 yet; use one of them")
-        if self.pp > 1 and self.meta_init:
-            raise ValueError("parallel.meta_init cannot be combined with parallel.pp > 1 yet; set "
-                             "parallel.meta_init=false")

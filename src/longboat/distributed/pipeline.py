@@ -25,7 +25,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 from longboat.distributed.mesh import ParallelMesh
-from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp
+from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, materialize
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.models.registry import PipelineSplit
 from longboat.trainer.trainer import LossOutput, StagedLoss
@@ -201,6 +201,18 @@ def _floats(out: LossOutput) -> tuple[float, float, int, dict[str, float]]:
     return float(out.loss_sum.detach()), float(out.count), out.units, metrics
 
 
+def _materialize_stages(model: nn.Module, device: torch.device, pp_rank: int) -> None:
+    """``parallel.meta_init``: allocate and initialise the rank's own stages in full; FSDP then keeps its shards.
+    (Sharded initialisation would have to allocate each buffer that the stage views share once for all of them.)
+
+    Each pipeline rank draws from a random stream of its own (the same on its data-parallel ranks), so that no two
+    stages start from the same numbers; the weights are a fresh draw, not those of the run without ``meta_init``.
+    """
+    with torch.random.fork_rng(devices=[device] if device.type != "cpu" else [], device_type=device.type):
+        torch.manual_seed(torch.initial_seed() + 1 + pp_rank)
+        materialize(model, device)
+
+
 def build_pipeline(
     model: nn.Module,
     split: PipelineSplit,
@@ -212,7 +224,8 @@ def build_pipeline(
     units: Sequence[str],
     forward_methods: Sequence[str] = (),
 ) -> tuple[nn.Module, Pipeline]:
-    """Cut ``model`` (the full model, on every rank) down to this rank's stages and parallelize them.
+    """Cut ``model`` (the full model, on every rank; on the meta device for ``parallel.meta_init``) down to this
+    rank's stages and parallelize them.
 
     Returns the rank's pruned model (train, clip and checkpoint it) and the ``Pipeline`` that runs its stages.
     """
@@ -226,6 +239,8 @@ def build_pipeline(
     stage_ids = _stage_ids(cfg, mesh.pp.get_local_rank())
     owned = {str(i): layers[i] for s in stage_ids for i in ranges[s]}
     _keep(model, split, owned, first=0 in stage_ids, last=n_stages - 1 in stage_ids)
+    if any(p.is_meta for p in model.parameters()):
+        _materialize_stages(model, device, mesh.pp.get_local_rank())
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:

@@ -169,13 +169,16 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Initialise every parameter and recompute the RoPE tables; valid after ``to_empty``."""
+        """Initialise every parameter and recompute the RoPE tables; valid after ``to_empty``, and on a pipeline
+        stage that holds only some of the modules."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual projections, as in GPT-2
-        nn.init.normal_(self.tok_embeddings.weight, std=std)
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, std=std)
         for layer in self.layers:
             layer.init_weights(std, out_std)
-        self.norm.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
         if self.output is not None:
             nn.init.normal_(self.output.weight, std=std)
         self.init_buffers()
@@ -184,7 +187,7 @@ class Decoder(nn.Module):
     def init_buffers(self) -> None:
         """Recompute the buffers no checkpoint holds (RoPE tables, MoE load counts) on the weights' device: what a
         model built on the meta device needs once its weights are assigned."""
-        cfg, device = self.cfg, self.tok_embeddings.weight.device
+        cfg, device = self.cfg, next(self.parameters()).device
         self.rope_cos, self.rope_sin = rope_tables(
             cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, device=device
         )
