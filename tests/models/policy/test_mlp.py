@@ -67,3 +67,37 @@ def test_overfits_a_fixed_batch(one_thread):
         loss.backward()
         opt.step()
     assert first > 0.5 and loss.item() < 0.05, (first, loss.item())
+
+
+def dots(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images [n, 1, 3, 16, 16] with one 2x2 bright dot each, and the dot's centre in [-1, 1] as the action."""
+    g = torch.Generator().manual_seed(seed)
+    ys, xs = torch.randint(1, 14, (n,), generator=g), torch.randint(1, 14, (n,), generator=g)
+    images = torch.zeros(n, 1, 3, 16, 16)
+    for i, (y, x) in enumerate(zip(ys.tolist(), xs.tolist())):
+        images[i, 0, :, y:y + 2, x:x + 2] = 1.0
+    centre = torch.stack([xs, ys], -1).float() + 0.5
+    return images, (centre / 7.5 - 1).view(n, 1, 2)
+
+
+@pytest.mark.parametrize("keypoints", [None, 4])
+def test_keypoints_locate_what_pooling_cannot(one_thread, keypoints):
+    """Where a dot is, on held-out positions: learned keypoints find it; an average pool cannot tell."""
+    torch.manual_seed(0)
+    cfg = MLPPolicyConfig(image_features={CAM: [3, 16, 16]}, state_dim=0, state_feature=None, action_dim=2,
+                          horizon=1, hidden_dim=64, image_channels=8, image_keypoints=keypoints)
+    model = MLPPolicy(cfg)
+    assert model.encoders[0].out_dim == 8  # 8 channels pooled, or 4 keypoints' (x, y)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    images, where = dots(64, seed=0)
+    for _ in range(120):
+        loss = model({CAM: images, "action": where, "action_is_pad": torch.zeros(64, 1, dtype=torch.bool)})
+        opt.zero_grad()
+        loss["loss"].mean().backward()
+        opt.step()
+    held_out, truth = dots(64, seed=1)
+    error = (model.predict({CAM: held_out}) - truth).abs().mean().item()
+    if keypoints is None:
+        assert error > 0.25, error  # about 0.4: little better than guessing the middle (0.5)
+    else:
+        assert error < 0.05, error  # about 0.01

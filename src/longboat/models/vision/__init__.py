@@ -1,6 +1,7 @@
 """Image encoders shared by the policies (plain PyTorch; no torchvision)."""
 
+from longboat.models.vision.keypoints import SpatialSoftmax
 from longboat.models.vision.resnet import ResNet, ResNetConfig
 from longboat.models.vision.vit import ViT, ViTConfig
 
-__all__ = ["ResNet", "ResNetConfig", "ViT", "ViTConfig"]
+__all__ = ["ResNet", "ResNetConfig", "SpatialSoftmax", "ViT", "ViTConfig"]

@@ -15,4 +15,9 @@ class MLPPolicyConfig(PolicyConfig):
     hidden_dim: int = Field(default=256, gt=0)
     n_layers: int = Field(default=2, gt=0, description="hidden layers (Linear + GELU) of the MLP")
     image_channels: int = Field(default=16, gt=0, description="width of each camera's conv encoder")
+    image_keypoints: int | None = Field(
+        default=None, gt=0,
+        description="learned keypoints (spatial softmax) per camera instead of average pooling: positions, which "
+                    "manipulation from pixels needs",
+    )
     loss: Literal["l1", "mse"] = "l1"

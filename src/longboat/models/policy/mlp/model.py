@@ -1,8 +1,8 @@
 """A behaviour-cloning MLP: the plain baseline every other policy must beat.
 
-The observation window (state of every step, one pooled feature vector per camera and step) is flattened, an MLP
-maps it to the whole action chunk, and the loss is L1 (or MSE) over the chunk's real steps (``action_is_pad``
-masks the steps past an episode's end). Deterministic: ``predict`` ignores ``noise_key``.
+The observation window (state of every step, one feature vector per camera and step: pooled, or keypoints) is
+flattened, an MLP maps it to the whole action chunk, and the loss is L1 (or MSE) over the chunk's real steps
+(``action_is_pad`` masks the steps past an episode's end). Deterministic: ``predict`` ignores ``noise_key``.
 """
 
 from __future__ import annotations
@@ -13,19 +13,28 @@ from torch import nn
 
 from longboat.models.policy.base import Policy
 from longboat.models.policy.mlp.config import MLPPolicyConfig
+from longboat.models.vision import SpatialSoftmax
 
 
 class CameraEncoder(nn.Module):
-    """Two strided convolutions and a global average pool: [N, C, H, W] -> [N, channels]."""
+    """[N, C, H, W] -> [N, features]. Pooled: two strided convolutions and a global average pool (what is in
+    view, ``channels`` features). Keypoints: a strided and two unstrided convolutions keep half the resolution,
+    and a spatial softmax gives ``keypoints`` (x, y) positions (where it is, ``2 * keypoints`` features)."""
 
-    def __init__(self, in_channels: int, channels: int):
+    def __init__(self, in_channels: int, channels: int, keypoints: int | None = None):
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride=2, padding=1)
-        self.conv2 = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+        strides = (2, 2) if keypoints is None else (2, 1, 1)
+        widths = (in_channels,) + (channels,) * len(strides)
+        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, stride=s, padding=1)
+                                   for a, b, s in zip(widths[:-1], widths[1:], strides))
+        self.keypoints = None if keypoints is None else SpatialSoftmax(channels, keypoints)
+        self.out_dim = channels if keypoints is None else 2 * keypoints
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.conv2(F.gelu(self.conv1(images))))
-        return x.mean(dim=(-2, -1))
+        x = images
+        for conv in self.convs:
+            x = F.gelu(conv(x))
+        return x.mean(dim=(-2, -1)) if self.keypoints is None else self.keypoints(x).flatten(1)
 
 
 class Block(nn.Module):
@@ -43,8 +52,9 @@ class MLPPolicy(Policy):
         self.cfg: MLPPolicyConfig = cfg
         self.cameras = sorted(cfg.image_features)
         # ModuleDict keys may not hold dots, which feature names do: cameras are numbered in sorted order.
-        self.encoders = nn.ModuleList(CameraEncoder(cfg.image_features[k][0], cfg.image_channels) for k in self.cameras)
-        dim_in = cfg.n_obs_steps * (cfg.state_dim + len(self.cameras) * cfg.image_channels)
+        self.encoders = nn.ModuleList(CameraEncoder(cfg.image_features[k][0], cfg.image_channels, cfg.image_keypoints)
+                                      for k in self.cameras)
+        dim_in = cfg.n_obs_steps * (cfg.state_dim + sum(e.out_dim for e in self.encoders))
         dims = [dim_in] + [cfg.hidden_dim] * cfg.n_layers
         self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(cfg.hidden_dim, cfg.horizon * cfg.action_dim)
