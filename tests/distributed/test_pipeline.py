@@ -1,8 +1,8 @@
 """Pipeline parallelism: the stage split, its config errors and the stage hooks (MoE aux losses, torch's
 shape-inference forward) in one process, and real gloo ranks trained with the real Trainer against one process
-(losses, gradient norms, final weights) for GPipe, 1F1B, interleaved 1F1B, pp × FSDP, Qwen3-MoE- and
-DeepSeek-V3-style decoders (expert biases and load metrics included), and checkpoints moved between pp 2 and one
-process."""
+(losses, gradient norms, final weights) for GPipe, 1F1B, interleaved 1F1B, pp × FSDP, pp × TP, Qwen3-MoE- and
+DeepSeek-V3-style decoders (expert biases and load metrics included), and checkpoints moved between pp 2 (× tp 2) and
+one process."""
 
 import pytest
 import torch
@@ -25,7 +25,7 @@ from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
 TWO_RANKS = ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single", "pp_qwen3moe", "pp_deepseek",
              "pp_interleaved_deepseek"]
 MOE_REFERENCES = ["single_qwen3moe_accum", "single_deepseek_accum", "single_deepseek_4_accum"]
-FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek"]
+FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek", "pp_interleaved_tp", "pp_tp_deepseek"]
 
 
 def test_even_split_gives_earlier_stages_the_remainder():
@@ -43,7 +43,6 @@ def test_even_split_gives_earlier_stages_the_remainder():
     ({"pp": 2, "pp_virtual_stages": 2}, "pp_virtual_stages=2 needs parallel.pp_schedule=interleaved_1f1b"),
     ({"pp": 2, "pp_layers": [1, 1, 1]}, r"pp_layers must give 2 positive layer counts"),
     ({"pp": 2, "data_parallel": "ddp"}, "use parallel.data_parallel=fsdp"),
-    ({"pp": 2, "tp": 2}, "parallel.pp > 1 cannot be combined with parallel.tp > 1"),
 ])
 def test_config_names_the_pipeline_key(fields, match):
     with pytest.raises(ValidationError, match=match):
@@ -230,13 +229,14 @@ def runs(tmp_path_factory):
         torch.set_num_threads(threads)
         log = finish(four, out / "four.log", timeout=400)
     assert four.returncode == 0, log[-6000:]
+    run_case(out, "single_4_from_pp_tp")  # from pp_interleaved_tp's checkpoint
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,ref", [
     ("pp_gpipe", "single_qk"), ("pp_1f1b", "single_qk"), ("pp_interleaved", "single_4"),
-    ("pp_fsdp", "single_qk"), ("pp_interleaved_fsdp", "single_4"),
+    ("pp_fsdp", "single_qk"), ("pp_interleaved_fsdp", "single_4"), ("pp_interleaved_tp", "single_4"),
     ("pp_fsdp_deepseek", "single_deepseek_accum"),  # each stage's expert loads summed over its 2 data-parallel ranks
 ])
 def test_pipeline_training_matches_one_process(runs, case, ref):
@@ -247,6 +247,7 @@ def test_pipeline_training_matches_one_process(runs, case, ref):
 @pytest.mark.parametrize("case,ref", [
     ("pp_qwen3moe", "single_qwen3moe_accum"), ("pp_deepseek", "single_deepseek_accum"),
     ("pp_interleaved_deepseek", "single_deepseek_4_accum"),
+    ("pp_tp_deepseek", "single_deepseek_accum"),  # latent attention's heads and the shared expert split over tp 2
 ])
 def test_moe_pipeline_training_matches_one_process(runs, case, ref):
     """Losses (aux losses of every stage included), gradient norms, final weights and expert biases, and the load
@@ -262,8 +263,10 @@ def test_moe_pipeline_training_matches_one_process(runs, case, ref):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["pp_from_single", "single_qk_from_pp"])
-def test_checkpoint_resumes_across_pipeline_layouts(runs, case):
-    """1 process → pp 2 and pp 2 → 1 process, from step SAVE_AT: the curve and the weights continue. (pp_from_single
-    builds its model on the meta device, parallel.meta_init.)"""
-    _assert_same_run(runs, case, "single_qk", first_step=SAVE_AT + 1)
+@pytest.mark.parametrize("case,ref", [
+    ("pp_from_single", "single_qk"), ("single_qk_from_pp", "single_qk"), ("single_4_from_pp_tp", "single_4"),
+])
+def test_checkpoint_resumes_across_pipeline_layouts(runs, case, ref):
+    """1 process → pp 2, pp 2 → 1 process and pp 2 × tp 2 → 1 process, from step SAVE_AT: the curve and the
+    weights continue. (pp_from_single builds its model on the meta device, parallel.meta_init.)"""
+    _assert_same_run(runs, case, ref, first_step=SAVE_AT + 1)

@@ -136,6 +136,11 @@ CASES = {
     "pp_interleaved_deepseek": Case("deepseek_4", {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
                                     grad_accum=2),
     "pp_fsdp_deepseek": Case("deepseek", {"pp": 2, "dp_shard": 2}, grad_accum=2),  # bias loads summed over dp
+    # pipeline × tensor parallel: each stage's layers split over its 2 tp ranks, the sequence gathered between stages
+    "pp_interleaved_tp": Case("untied_4", {"pp": 2, "tp": 2, "pp_schedule": "interleaved_1f1b",
+                                           "pp_virtual_stages": 2}, save_every=SAVE_AT, grad_accum=2),
+    "pp_tp_deepseek": Case("deepseek", {"pp": 2, "tp": 2}, grad_accum=2),
+    "single_4_from_pp_tp": Case("untied_4", resume_from=f"pp_interleaved_tp/checkpoints/step_{SAVE_AT:08d}"),
     "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
                                              "pp_virtual_stages": 2, "activation_checkpointing": "full"},
                                 grad_accum=2),
@@ -206,7 +211,8 @@ def run_case(out: Path, name: str) -> None:
     pipeline = None
     if dims.pp > 1:
         model, pipeline = build_pipeline(model, spec.pipeline_split(model.cfg), mesh, cfg, loss, case.grad_accum,
-                                         "cpu", spec.parallel_units)
+                                         "cpu", spec.parallel_units,
+                                         tp_plan=spec.tensor_parallel_plan(model.cfg, dims.tp))
     else:
         model = parallelize(model, mesh, cfg, spec.tensor_parallel_plan(model.cfg, dims.tp), "cpu")
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()

@@ -88,5 +88,3 @@ class ParallelConfig(StrictModel):
                                  f"pp_virtual_stages), got {self.pp_layers}")
         if self.pp > 1 and self.data_parallel == "ddp":
             raise ValueError("parallel.pp > 1 shards each stage with FSDP; use parallel.data_parallel=fsdp")
-        if self.pp > 1 and self.tp > 1:
-            raise ValueError("parallel.pp > 1 cannot be combined with parallel.tp > 1 yet; use one of them")

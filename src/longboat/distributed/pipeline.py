@@ -7,8 +7,9 @@ indices, so parameter names are the full model's and DCP checkpoints resume on a
 
 Stages are assigned loop-style: rank ``r`` of ``pp`` runs stages ``r, r + pp, ...`` (``pp_virtual_stages`` of
 them, as the interleaved schedule expects). The trainer trains, clips and checkpoints the rank's one pruned
-model; each stage runs a view of it that holds only that stage's layers. Each view is an FSDP root over the
-stage's data-parallel ranks.
+model; each stage runs a view of it that holds only that stage's layers. The model's tensor-parallel plan applies
+to the rank's layers over its slice's ``tp`` ranks (``pipeline_tp``); each view is an FSDP root over the stage's
+data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
+from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel
 from longboat.distributed.mesh import ParallelMesh
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, materialize
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
+from longboat.distributed.pipeline_tp import apply_output_tensor_parallel, apply_stage_tensor_parallel, check_plan
 from longboat.models.registry import PipelineSplit
 from longboat.trainer.trainer import LossOutput, StagedLoss
 
@@ -223,9 +227,11 @@ def build_pipeline(
     device: torch.device | str,
     units: Sequence[str],
     forward_methods: Sequence[str] = (),
+    tp_plan: dict[str, ParallelStyle] | None = None,
 ) -> tuple[nn.Module, Pipeline]:
     """Cut ``model`` (the full model, on every rank; on the meta device for ``parallel.meta_init``) down to this
-    rank's stages and parallelize them.
+    rank's stages and parallelize them as ``parallelize`` does the whole model: EP, TP (``tp_plan``, over the
+    ``tp`` ranks of the rank's pipeline slice), activation checkpointing, compile, then FSDP per stage.
 
     Returns the rank's pruned model (train, clip and checkpoint it) and the ``Pipeline`` that runs its stages.
     """
@@ -234,6 +240,11 @@ def build_pipeline(
     check_microbatches(cfg, n_microbatches)
     device = torch.device(device)
     layers = _check_split(model, split)
+    check_expert_parallel(model, cfg.ep)
+    if mesh.tp is not None:
+        if tp_plan is None:
+            raise ConfigError(f"{type(model).__name__} has no tensor-parallel plan; set parallel.tp=1")
+        check_plan(model, tp_plan)
     n_stages = cfg.pp * cfg.pp_virtual_stages
     ranges = _layer_ranges(stage_layer_counts(len(layers), n_stages, cfg.pp_layers))
     stage_ids = _stage_ids(cfg, mesh.pp.get_local_rank())
@@ -241,6 +252,11 @@ def build_pipeline(
     _keep(model, split, owned, first=0 in stage_ids, last=n_stages - 1 in stage_ids)
     if any(p.is_meta for p in model.parameters()):
         _materialize_stages(model, device, mesh.pp.get_local_rank())
+    if mesh.ep is not None:
+        apply_expert_parallel(model, mesh.ep)
+    if mesh.tp is not None:
+        apply_stage_tensor_parallel(model, mesh.tp, tp_plan, split,
+                                    [(ranges[s], s == 0, s == n_stages - 1) for s in stage_ids])
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
@@ -249,7 +265,9 @@ def build_pipeline(
         views = [model]
     else:
         views = [_view(model, split, ranges[s], first=s == 0, last=s == n_stages - 1) for s in stage_ids]
-    for view in views:
+    for view, s in zip(views, stage_ids):
+        if mesh.tp is not None and s == n_stages - 1:
+            apply_output_tensor_parallel(view, mesh.tp, tp_plan)
         apply_fsdp(view, units, mesh, cfg, forward_methods)
     group = mesh.pp.get_group()
     stages = [PipelineStage(view, s, n_stages, device, group=group) for view, s in zip(views, stage_ids)]
@@ -265,11 +283,12 @@ def pipeline_layer_counts(model: nn.Module, split: PipelineSplit, cfg: ParallelC
 def gather_full_state(model: nn.Module, mesh: ParallelMesh) -> dict[str, torch.Tensor]:
     """Every stage's full parameters on rank 0, on CPU (an empty dict elsewhere), for an export.
 
-    Each stage's first data-parallel rank gathers its stage, then sends it to rank 0 through the object
+    Each stage's first data-parallel (and tensor-parallel) rank gathers its stage, then sends it to rank 0 through the object
     collectives: simple, and memory-hungry on rank 0 for very large models.
     """
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    mine = {k: v.cpu() for k, v in state.items()} if mesh.dp_rank == 0 else {}
+    sends = mesh.dp_rank == 0 and (mesh.tp is None or mesh.tp.get_local_rank() == 0)  # one rank per stage
+    mine = {k: v.cpu() for k, v in state.items()} if sends else {}
     parts: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, parts, dst=0)
     return {k: v for part in parts for k, v in part.items()} if parts is not None else {}

@@ -50,6 +50,9 @@ class PipelineSplit:
     layers: str
     first: tuple[str, ...]
     last: tuple[str, ...]
+    # The dim over which the tensor-parallel plan shards the activations between layers (sequence parallel), which
+    # the stages gather for the next one; None: they pass whole.
+    tp_sequence_dim: int | None = None
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
                               "pipeline stages; set parallel.pp=1")
         model, pipeline = build_pipeline(model, checked.pipeline, mesh, cfg.parallel, data.loss_fn,
                                          cfg.train.grad_accum, runtime.device, spec.parallel_units,
-                                         spec.forward_methods)
+                                         spec.forward_methods, checked.tp_plan)
     else:
         model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units,
                             spec.forward_methods)
