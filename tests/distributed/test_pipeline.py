@@ -1,6 +1,6 @@
 """Pipeline parallelism: the stage split, its config errors and the stage hooks (MoE aux losses, torch's
 shape-inference forward) in one process, and real gloo ranks trained with the real Trainer against one process
-(losses, gradient norms, final weights) for GPipe, 1F1B, interleaved 1F1B, pp × FSDP, pp × TP, Qwen3-MoE- and
+(losses, gradient norms, final weights) for GPipe, 1F1B, interleaved 1F1B, pp × FSDP, pp × TP, pp × EP, Qwen3-MoE- and
 DeepSeek-V3-style decoders (expert biases and load metrics included), and checkpoints moved between pp 2 (× tp 2) and
 one process."""
 
@@ -24,8 +24,10 @@ from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
 
 TWO_RANKS = ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single", "pp_qwen3moe", "pp_deepseek",
              "pp_interleaved_deepseek"]
-MOE_REFERENCES = ["single_qwen3moe_accum", "single_deepseek_accum", "single_deepseek_4_accum"]
-FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek", "pp_interleaved_tp", "pp_tp_deepseek"]
+MOE_REFERENCES = ["single_qwen3moe_accum", "single_deepseek_accum", "single_deepseek_4_accum",
+                  "single_qwen3moe_accum_4"]
+FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek", "pp_interleaved_tp", "pp_tp_deepseek",
+              "pp_ep_qwen3moe"]
 
 
 def test_even_split_gives_earlier_stages_the_remainder():
@@ -238,6 +240,8 @@ def runs(tmp_path_factory):
     ("pp_gpipe", "single_qk"), ("pp_1f1b", "single_qk"), ("pp_interleaved", "single_4"),
     ("pp_fsdp", "single_qk"), ("pp_interleaved_fsdp", "single_4"), ("pp_interleaved_tp", "single_4"),
     ("pp_fsdp_deepseek", "single_deepseek_accum"),  # each stage's expert loads summed over its 2 data-parallel ranks
+    # each stage's experts split over its 2 data-parallel ranks (the logged moe_* metrics are rank 0's micro-batches')
+    ("pp_ep_qwen3moe", "single_qwen3moe_accum_4"),
 ])
 def test_pipeline_training_matches_one_process(runs, case, ref):
     _assert_same_run(runs, case, ref)

@@ -140,6 +140,9 @@ CASES = {
     "pp_interleaved_tp": Case("untied_4", {"pp": 2, "tp": 2, "pp_schedule": "interleaved_1f1b",
                                            "pp_virtual_stages": 2}, save_every=SAVE_AT, grad_accum=2),
     "pp_tp_deepseek": Case("deepseek", {"pp": 2, "tp": 2}, grad_accum=2),
+    # pipeline × expert parallel: each stage's experts split over its 2 data-parallel ranks
+    "pp_ep_qwen3moe": Case("qwen3moe", {"pp": 2, "ep": 2}, grad_accum=2),
+    "single_qwen3moe_accum_4": Case("qwen3moe", grad_accum=4),  # pp_ep_qwen3moe's 2 × 2 one-sample micro-batches
     "single_4_from_pp_tp": Case("untied_4", resume_from=f"pp_interleaved_tp/checkpoints/step_{SAVE_AT:08d}"),
     "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
                                              "pp_virtual_stages": 2, "activation_checkpointing": "full"},

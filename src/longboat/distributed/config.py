@@ -65,8 +65,6 @@ class ParallelConfig(StrictModel):
                 raise ValueError(
                     f"parallel.ep={self.ep} cannot be combined with tensor parallel (parallel.tp={self.tp})"
                 )
-            if self.pp > 1:
-                raise ValueError(f"parallel.ep={self.ep} cannot be combined with parallel.pp > 1 yet; use one of them")
             if self.compile:
                 raise ValueError(
                     f"parallel.ep={self.ep} cannot be combined with parallel.compile: the all-to-all sizes depend on "

@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
-from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel
+from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel, expert_modules
 from longboat.distributed.mesh import ParallelMesh
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, materialize
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
@@ -252,7 +252,7 @@ def build_pipeline(
     _keep(model, split, owned, first=0 in stage_ids, last=n_stages - 1 in stage_ids)
     if any(p.is_meta for p in model.parameters()):
         _materialize_stages(model, device, mesh.pp.get_local_rank())
-    if mesh.ep is not None:
+    if mesh.ep is not None and expert_modules(model):  # a stage of dense layers has none
         apply_expert_parallel(model, mesh.ep)
     if mesh.tp is not None:
         apply_stage_tensor_parallel(model, mesh.tp, tp_plan, split,
