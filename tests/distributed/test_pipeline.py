@@ -7,6 +7,7 @@ one process."""
 import pytest
 import torch
 from pydantic import ValidationError
+from torch.distributed.tensor.parallel import ColwiseParallel
 
 from longboat.cli.main import main
 from longboat.config.base import ConfigError
@@ -15,6 +16,7 @@ from longboat.distributed.pipeline import (
     StageLayers, _keep, _materialize_stages, check_microbatches, stage_layer_counts,
 )
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
+from longboat.distributed.pipeline_tp import check_plan
 from longboat.models import build_model, get_model
 from longboat.tasks.lm_loss import make_lm_loss
 from tests.conftest import REPO
@@ -49,6 +51,12 @@ def test_even_split_gives_earlier_stages_the_remainder():
 def test_config_names_the_pipeline_key(fields, match):
     with pytest.raises(ValidationError, match=match):
         ParallelConfig(**fields)
+
+
+def test_pp_combines_with_tp_and_ep_on_one_mesh():
+    assert resolve_dims(ParallelConfig(pp=2, tp=2), 8).dp_shard == 2
+    dims = resolve_dims(ParallelConfig(pp=2, ep=2), 8)
+    assert (dims.pp, dims.dp_shard, dims.ep) == (2, 4, 2)
 
 
 def test_schedules_check_the_micro_batch_count():
@@ -94,6 +102,15 @@ def test_stages_keep_full_model_names_and_chain_to_the_full_forward():
     for stage in stages:
         h = stage(h)
     torch.testing.assert_close(h, full(tokens))
+
+
+def test_a_stage_plan_is_checked_against_the_full_model():
+    """The plan's entries for layers a stage does not keep are not stale, an entry the full model lacks is."""
+    model = build_model("decoder", MODELS["untied_qk"])
+    plan = get_model("decoder").tensor_parallel_plan(model.cfg, 2)
+    check_plan(model, plan)
+    with pytest.raises(ConfigError, match="tensor-parallel plan entry 'layers.*.mlp' matches no module of Decoder"):
+        check_plan(model, {**plan, "layers.*.mlp": ColwiseParallel()})
 
 
 def test_meta_init_allocates_and_initialises_a_stage_alone():
