@@ -16,6 +16,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from longboat.data.text_sources import expand_inputs, iter_text_batches
 from longboat.errors import LongboatError
+from longboat.utils.json_files import read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -40,16 +41,6 @@ def _token_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"{path}: cannot read as JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` plus the special tokens and chat template of its HF directory."""
 
@@ -70,10 +61,10 @@ class Tokenizer:
             backend = _Backend.from_file(str(file))
         except Exception as e:  # the Rust side raises a bare Exception for malformed files
             raise TokenizerError(f"{file}: not a valid tokenizers file: {e}") from None
-        config = _read_json(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else {}
+        config = read_json_object(path / CONFIG_FILE, TokenizerError) if (path / CONFIG_FILE).is_file() else {}
         if (path / SPECIAL_TOKENS_FILE).is_file():
             # transformers lets special_tokens_map.json override tokenizer_config.json.
-            special = _read_json(path / SPECIAL_TOKENS_FILE)
+            special = read_json_object(path / SPECIAL_TOKENS_FILE, TokenizerError)
             config.update({k: v for k, v in special.items() if k in _SPECIAL_KEYS and v is not None})
         if (path / CHAT_TEMPLATE_FILE).is_file() and not config.get("chat_template"):
             config["chat_template"] = (path / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")

@@ -20,6 +20,7 @@ from longboat.data.chat import ChatTemplate, ChatTemplateError
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
+from longboat.utils.json_files import read_json_object
 
 GENERATION_CONFIG = "generation_config.json"
 # Written as an assistant turn to find what the template puts after a reply; no template writes it itself.
@@ -72,12 +73,7 @@ def load_for_inference(path: str | Path) -> LoadedModel:
 
 def read_generation_config(path: Path) -> dict:
     """``generation_config.json``, its ``eos_token_id`` checked to be an id or a list of ids."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    data = read_json_object(path, ConfigError)
     eos = data.get("eos_token_id")
     if not all(i is None or (type(i) is int and i >= 0) for i in (eos if isinstance(eos, list) else [eos])):
         raise ConfigError(f"{path}: eos_token_id must be a token id or a list of ids, got {eos!r}")

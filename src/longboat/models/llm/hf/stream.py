@@ -8,7 +8,6 @@ checked against the model's config from the files' headers before any tensor is 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from longboat.models.llm.hf.adapter import HFAdapter, HFConversionError
+from longboat.utils.json_files import read_json_object
 
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -28,13 +28,7 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 
 def read_json(path: Path) -> dict:
     """A JSON object from ``path``; an error naming the file when it is unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFConversionError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise HFConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path, HFConversionError)
 
 
 def shard_files(hf_dir: str | os.PathLike) -> list[Path]:
