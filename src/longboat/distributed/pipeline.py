@@ -283,8 +283,8 @@ def pipeline_layer_counts(model: nn.Module, split: PipelineSplit, cfg: ParallelC
 def gather_full_state(model: nn.Module, mesh: ParallelMesh) -> dict[str, torch.Tensor]:
     """Every stage's full parameters on rank 0, on CPU (an empty dict elsewhere), for an export.
 
-    Each stage's first data-parallel (and tensor-parallel) rank gathers its stage, then sends it to rank 0 through the object
-    collectives: simple, and memory-hungry on rank 0 for very large models.
+    Each stage's first data-parallel (and tensor-parallel) rank gathers its stage, then sends it to rank 0 through
+    the object collectives: simple, and memory-hungry on rank 0 for very large models.
     """
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     sends = mesh.dp_rank == 0 and (mesh.tp is None or mesh.tp.get_local_rank() == 0)  # one rank per stage
