@@ -67,7 +67,7 @@ def plain_name(name: str) -> str:
 
 
 # ---- tensor parallel ---------------------------------------------------------------------------------------
-def _matches(name: str, pattern: str) -> bool:
+def plan_entry_matches(name: str, pattern: str) -> bool:
     """``*`` stands for exactly one dotted component (a block index); ``""`` is the root module."""
     if pattern == "" or name == "":
         return pattern == name
@@ -79,7 +79,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelSty
     """Apply each plan entry to every module its pattern names; a pattern that names nothing is an error."""
     modules = dict(model.named_modules())
     for pattern, style in plan.items():
-        targets = [name for name in modules if _matches(name, pattern)]
+        targets = [name for name in modules if plan_entry_matches(name, pattern)]
         if not targets:
             raise ConfigError(
                 f"tensor-parallel plan entry '{pattern}' matches no module of {type(model).__name__}; "

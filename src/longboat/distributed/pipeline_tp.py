@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from longboat.config.base import ConfigError
-from longboat.distributed.parallelize import _matches, apply_tensor_parallel
+from longboat.distributed.parallelize import plan_entry_matches, apply_tensor_parallel
 from longboat.models.registry import PipelineSplit
 
 
@@ -30,7 +30,7 @@ def check_plan(model: nn.Module, plan: dict[str, ParallelStyle]) -> None:
     """Every entry of ``plan`` names a module of the full ``model`` (before it is cut into stages)."""
     names = [name for name, _ in model.named_modules()]
     for pattern in plan:
-        if not any(_matches(name, pattern) for name in names):
+        if not any(plan_entry_matches(name, pattern) for name in names):
             raise ConfigError(f"tensor-parallel plan entry '{pattern}' matches no module of {type(model).__name__}; "
                               "the plan is out of date with the model")
 
@@ -59,7 +59,7 @@ def apply_stage_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: dic
     (its layer indices, whether it is the first stage, whether the last)."""
     kept = [name for name, _ in model.named_modules()]
     apply_tensor_parallel(model, tp_mesh, {pattern: style for pattern, style in plan.items()
-                                           if pattern and any(_matches(name, pattern) for name in kept)})
+                                           if pattern and any(plan_entry_matches(name, pattern) for name in kept)})
     dim = split.tp_sequence_dim
     if dim is None:
         return
