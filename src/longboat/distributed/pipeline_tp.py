@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from longboat.config.base import ConfigError
-from longboat.distributed.parallelize import plan_entry_matches, apply_tensor_parallel
+from longboat.distributed.parallelize import apply_tensor_parallel, plan_entry_matches
 from longboat.models.registry import PipelineSplit
 
 
