@@ -104,15 +104,15 @@ def test_an_explicit_mask_with_a_cache_replaces_the_causal_one():
     mask[0, :, :, -1] = False  # sample 0's last position is padding no one sees
     with torch.no_grad():
         cache = model.make_cache(2, 8)
-        cached = model.layers[0](h, cos, sin, cache, mask)
-        plain = model.layers[0](h, cos, sin, None, mask)
-        causal = model.layers[0](h, cos, sin)
+        cached, _ = model.layers[0](h, cos, sin, cache, mask)
+        plain, _ = model.layers[0](h, cos, sin, None, mask)
+        causal, _ = model.layers[0](h, cos, sin)
     torch.testing.assert_close(cached, plain)
     assert not torch.allclose(causal[:, 0], plain[:, 0])  # position 0 sees the later ones
     h2 = h.clone()
     h2[0, -1] += 1.0
     with torch.no_grad():
-        torch.testing.assert_close(model.layers[0](h2, cos, sin, None, mask)[0, :-1], plain[0, :-1])
+        torch.testing.assert_close(model.layers[0](h2, cos, sin, None, mask)[0][0, :-1], plain[0, :-1])
 
 
 def test_hidden_states_feed_the_output_head():

@@ -364,15 +364,14 @@ def test_expert_bias_update_rule_and_weights_ignore_bias():
     torch.testing.assert_close(layer.router.expert_bias, torch.tensor([0.0, 0.0, 10.01, 9.99]))
     layer.float()
 
-    # Loads are counted by training forwards and cleared by the update.
+    # forward leaves the count alone; the caller records each training forward's loads, the update clears them.
     layer.train()
-    layer(x)
-    layer(x)
-    assert layer.load_since_update.sum() == 2 * 8 * 2
-    layer.update_expert_bias()
+    _, aux = layer(x)
     assert layer.load_since_update.sum() == 0
-    layer.eval()
-    layer(x)
+    layer.record_load(aux["load"])
+    layer.record_load(layer(x)[1]["load"])
+    assert torch.equal(layer.load_since_update, 2 * aux["load"].long()) and layer.load_since_update.sum() == 2 * 8 * 2
+    layer.update_expert_bias()
     assert layer.load_since_update.sum() == 0
 
 

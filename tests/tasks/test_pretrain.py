@@ -22,7 +22,7 @@ def forward_with_mask(model: Decoder, tokens, positions, allowed) -> torch.Tenso
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]
     h = model.tok_embeddings(tokens)
     for layer in model.layers:
-        h = layer(h, cos, sin, None, allowed)
+        h, _ = layer(h, cos, sin, None, allowed)
     return F.linear(model.norm(h), model.output_weight)
 
 

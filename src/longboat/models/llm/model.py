@@ -5,6 +5,10 @@ Attention is grouped-query or multi-head latent (``mla.py``); FFN is a SwiGLU or
 (``longboat.models.moe``). Module names follow torchtitan so tensor-parallel plans and checkpoint adapters are
 plain name maps. The model never shifts labels and never computes a loss; MoE auxiliary losses of the last
 forward are read with ``Decoder.moe_aux()``.
+
+A block has no side effects: an MoE layer's statistics leave it as an output, and the decoder, outside the blocks,
+keeps them and adds a training forward's expert loads to the layer's count. So a block checkpointed for activation
+recomputation (which runs its forward again in backward) counts each forward once, and compiles as one graph.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer layer; on MoE layers ``aux`` holds the router's aux dict of the last forward."""
+    """One pre-norm transformer layer: (x, cos, sin, ...) -> (x, aux), aux the MoE layer's aux dict (None when dense)."""
 
     def __init__(self, cfg: DecoderConfig, layer_id: int):
         super().__init__()
@@ -126,17 +130,16 @@ class Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.is_moe = cfg.is_moe_layer(layer_id)
         self.feed_forward = MoE(cfg.moe) if self.is_moe else FeedForward(cfg.d_model, cfg.ffn_dim)
-        self.aux: dict[str, torch.Tensor] | None = None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | LatentCache | None = None,
         mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         x = x + self.attention(self.attention_norm(x), cos, sin, cache, mask)
         if not self.is_moe:
-            return x + self.feed_forward(self.ffn_norm(x))
-        y, self.aux = self.feed_forward(self.ffn_norm(x))
-        return x + y
+            return x + self.feed_forward(self.ffn_norm(x)), None
+        y, aux = self.feed_forward(self.ffn_norm(x))
+        return x + y, aux
 
     def init_weights(self, std: float, out_std: float) -> None:
         self.attention_norm.reset_parameters()
@@ -160,6 +163,7 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.last_moe_aux: list[dict[str, torch.Tensor]] = []  # the MoE layers' aux dicts of the last forward
         self.init_weights()
 
     @property
@@ -218,7 +222,7 @@ class Decoder(nn.Module):
         ``loss``: the sum over MoE layers of their weighted aux losses (add it to the training loss);
         ``load`` and ``dropped``: routed and dropped token copies per expert, [n_moe_layers, n_experts].
         """
-        auxes = [layer.aux for layer in self.layers if layer.is_moe and layer.aux is not None]
+        auxes = self.last_moe_aux
         if not auxes:
             return None
         return {
@@ -261,8 +265,13 @@ class Decoder(nn.Module):
         masked = segments is not None and not one_document_per_row(segments)
         mask = segment_attention_mask(segments) if masked else None
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        self.last_moe_aux = []
         for layer in self.layers:
-            h = layer(h, cos, sin, cache, mask)
+            h, aux = layer(h, cos, sin, cache, mask)
+            if aux is not None:
+                self.last_moe_aux.append(aux)
+                if self.training:
+                    layer.feed_forward.record_load(aux["load"])
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.norm(h) if self.norm is not None else h

@@ -100,7 +100,9 @@ class GroupedExperts(nn.Module):
         n_exp = self.n_experts
         ends = counts.cumsum(0)
         starts = ends - counts
-        cap = max(int(counts.max()), 1)  # host sync; the grouped path has none
+        # One host sync (the grouped path has none). Two slots at least: torch.compile cannot lower a batched matmul
+        # whose (data-dependent) row count might be 1, so this keeps fp32 blocks compilable.
+        cap = max(int(counts.max()), 2)
         # Slot (e, r) holds row starts[e] + r, or an appended zero row when expert e has fewer rows.
         r = torch.arange(cap, device=x.device)
         src = torch.where(r < counts.unsqueeze(1), starts.unsqueeze(1) + r, n_rows)

@@ -28,7 +28,10 @@ class MoE(nn.Module):
     """Drop-in replacement for a decoder's dense feed-forward.
 
     forward(x [..., d_model]) -> (y [..., d_model], aux). aux["loss"] is the weighted auxiliary loss to
-    add to the training loss; the other entries are unweighted losses and detached statistics.
+    add to the training loss; the other entries are unweighted losses and detached statistics. forward has no side
+    effects, so activation checkpointing may recompute it and torch.compile trace it: a training caller passes
+    aux["load"] of each forward to ``record_load``, outside any checkpointed or compiled region, for the
+    aux-loss-free bias update.
     """
 
     def __init__(self, cfg: MoEConfig) -> None:
@@ -38,7 +41,7 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(cfg.n_experts, cfg.d_model, cfg.expert_ffn_dim, cfg.experts_impl)
         self.shared_experts = SwiGLU(cfg.d_model, cfg.shared_dim) if cfg.n_shared_experts else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if cfg.shared_expert_gate else None
-        # Routed copies per expert since the last bias update (training forwards only); an integer
+        # Routed copies per expert since the last bias update, as record_load adds them; an integer
         # buffer, so casting the model to bf16 leaves the counts exact.
         self.register_buffer("load_since_update", torch.zeros(cfg.n_experts, dtype=torch.long), persistent=False)
         self.init_weights()
@@ -66,9 +69,6 @@ class MoE(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(tokens)) * shared
             out = out + shared
-        if self.training:
-            with torch.no_grad():
-                self.load_since_update += load
         n_seqs = math.prod(shape[:-2]) if x.dim() > 2 else 1
         return out.view(shape), self._aux(routing, load, kept, n_seqs)
 
@@ -124,6 +124,11 @@ class MoE(nn.Module):
         aux["load"] = load.float()
         aux["dropped"] = (load - kept).float()
         return aux
+
+    @torch.no_grad()
+    def record_load(self, load: Tensor) -> None:
+        """Add the routed copies per expert of one training forward (its aux["load"]) to ``load_since_update``."""
+        self.load_since_update += load.to(self.load_since_update.dtype)
 
     @torch.no_grad()
     def update_expert_bias(self, load: Tensor | None = None, group: dist.ProcessGroup | None = None) -> None:

@@ -79,7 +79,7 @@ class FlowVLA(Policy):
         cos, sin = self.backbone.rope_cos[:P], self.backbone.rope_sin[:P]
         kv = PrefixKV(len(self.backbone.layers))
         for layer in self.backbone.layers:
-            h = layer(h, cos, sin, kv, mask)
+            h, _ = layer(h, cos, sin, kv, mask)  # a dense backbone: no MoE aux
         return kv.kv, prefix_valid
 
     # ---- suffix ------------------------------------------------------------------------------------------
