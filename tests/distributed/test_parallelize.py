@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelConfig, parallelize
-from longboat.distributed.parallelize import _matches
+from longboat.distributed.parallelize import plan_entry_matches
 from longboat.models import build_model
 from longboat.models.llm.parallel_plan import tensor_parallel_plan
 from longboat.trainer.metrics import read_metrics
@@ -73,7 +73,7 @@ def test_every_plan_entry_names_a_module(config):
     model = build_model("decoder", config)
     names = [name for name, _ in model.named_modules()]
     for pattern in tensor_parallel_plan(model.cfg):
-        assert any(_matches(name, pattern) for name in names), pattern
+        assert any(plan_entry_matches(name, pattern) for name in names), pattern
 
 
 # ---- real ranks --------------------------------------------------------------------------------------------

@@ -46,9 +46,10 @@ def _keep_shard(mesh: DeviceMesh, dim: int):
 
 def _gather(mesh: DeviceMesh, dim: int):
     """Hook of a stage's last layer: gather the sequence for the next stage (the backward keeps the shard's part)."""
-    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        shard = DTensor.from_local(output, mesh, (Shard(dim),), run_check=False)
-        return shard.redistribute(placements=(Replicate(),)).to_local()
+    def hook(module: nn.Module, args: tuple, output: tuple[torch.Tensor, dict | None]) -> tuple:
+        h, aux = output  # a block returns (hidden states, its MoE aux or None)
+        shard = DTensor.from_local(h, mesh, (Shard(dim),), run_check=False)
+        return shard.redistribute(placements=(Replicate(),)).to_local(), aux
     return hook
 
 
