@@ -6,6 +6,7 @@ import pytest
 
 from longboat.config.base import ConfigError
 from longboat.data.robot.record import make_env
+from longboat.data.robot.record.metaworld_env import benchmark
 from longboat.eval.runners import ObservationSpec, make_runner
 from longboat.eval.runners.base import FRAME_INFO
 
@@ -14,10 +15,11 @@ pytestmark = pytest.mark.slow
 CORNER = "observation.images.corner"
 
 
-def test_metaworld_envs_observe_as_recorded_and_reset_one_env_alone():
+def test_metaworld_envs_observe_as_recorded_share_one_benchmark_and_reset_one_env_alone():
     spec = ObservationSpec(wire_keys={"state": "observation.state", "image": CORNER}, cameras={"corner": "corner"},
                            image_size=32, state_dim=40, video_camera="topview", video_size=16)
     runner = make_runner("metaworld", spec)
+    benchmark.cache_clear()
     vec = runner.make_vector_env("reach-v3", 2, "sync")
     recorded = make_env("metaworld:reach-v3")
     try:
@@ -41,6 +43,8 @@ def test_metaworld_envs_observe_as_recorded_and_reset_one_env_alone():
         np.testing.assert_array_equal(obs["observation.state"][0], before)
         np.testing.assert_array_equal(obs["observation.state"][1], np.append(recorded.reset(9), 0))
         assert vec.get_attr("max_steps") == (500, 500) and vec.get_attr("prompt")[0] == "reach the goal position"
+        # The three envs and their six episodes placed objects from one Meta-World benchmark built in this process.
+        assert benchmark.cache_info().misses == 1
     finally:
         vec.close()
         recorded.close()

@@ -128,7 +128,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                     if e["task"] in tallies:
                         tallies[e["task"]].episodes += 1
                         tallies[e["task"]].successes += bool(e["success"])
-                bar = stack.enter_context(RecordProgress(progress, len(cfg.tasks) * len(seeds)))
+                done = sum(t.episodes for t in tallies.values())
+                bar = stack.enter_context(RecordProgress(progress, len(cfg.tasks) * len(seeds), completed=done))
 
                 def record(finished: FinishedEpisode) -> None:
                     episode = _save(out, finished)
@@ -186,6 +187,7 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     args = [str(export_dir(cfg.policy)), "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []
+    args += ["--verbose"] if s.verbose else []
     manager = stack.enter_context(ServerManager(args, out / "server.log", host=s.host,
                                                 startup_timeout_s=s.startup_timeout_s))
     return f"ws://{manager.host}:{manager.port}"

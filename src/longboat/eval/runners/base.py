@@ -10,6 +10,7 @@ features to the policy's wire keys; ``action`` fits a row of the action chunk to
 
 from __future__ import annotations
 
+import multiprocessing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Literal
@@ -41,6 +42,7 @@ class Runner(ABC):
     """One benchmark: its tasks, their environments, and the mapping between environments and the policy."""
 
     name: str
+    simulator_modules: tuple[str, ...] = ()  # what an env worker imports before it builds its env
 
     def __init__(self, spec: ObservationSpec):
         self.spec = spec
@@ -68,13 +70,24 @@ class Runner(ABC):
         return np.clip(np.asarray(row, dtype=np.float32)[: space.shape[0]], space.low, space.high)
 
     def make_vector_env(self, task: str, num_envs: int, mode: Literal["sync", "async"]):
-        """``num_envs`` envs of ``task``; async envs each run in a process started with ``spawn`` (forked GL
-        contexts break). Autoreset is off: the orchestrator resets each env when its episode ends."""
+        """``num_envs`` envs of ``task``; async envs each run in a process forked from a fork server (see
+        ``worker_context``). Autoreset is off: the orchestrator resets each env when its episode ends."""
         vector = import_simulator("gymnasium.vector")
         fns = [self.env_fn(task, self.spec) for _ in range(num_envs)]
         if mode == "async":
-            return vector.AsyncVectorEnv(fns, context="spawn", autoreset_mode=vector.AutoresetMode.DISABLED)
+            context = worker_context([type(self).__module__, *self.simulator_modules])
+            return vector.AsyncVectorEnv(fns, context=context, autoreset_mode=vector.AutoresetMode.DISABLED)
         return vector.SyncVectorEnv(fns, autoreset_mode=vector.AutoresetMode.DISABLED)
+
+
+def worker_context(modules: list[str]) -> str:
+    """The start method of async env workers: ``forkserver``, its server preloading ``modules`` (and the main
+    script), so a worker starts as a fork of a process that has imported the simulator (seconds saved per worker,
+    and per task, as the server outlives the vector envs) and holds no GL context to break (one forked from this
+    process could). The server starts once per process with the modules named by the first call; its imports
+    are an optimisation only (one that fails is skipped there and fails in the worker, where it is reported)."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", "gymnasium.vector", *modules])
+    return "forkserver"
 
 
 RUNNERS: dict[str, Callable[[ObservationSpec], Runner]] = {}

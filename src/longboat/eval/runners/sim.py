@@ -82,10 +82,14 @@ class SimRunner(Runner):
 class MetaWorldRunner(SimRunner):
     """Meta-World v3 (MuJoCo, headless EGL, the recorder's camera fixes); tasks as ``reach-v3``."""
 
+    simulator_modules = ("metaworld.policies",)  # and metaworld
+
 
 @register_runner("fetch")
 class FetchRunner(SimRunner):
     """gymnasium-robotics Fetch: ``reach``, ``push``, ``pick_and_place``."""
+
+    simulator_modules = ("gymnasium_robotics",)
 
 
 @register_runner("pusht")
@@ -93,3 +97,4 @@ class PushTRunner(SimRunner):
     """gym-pusht's Push-T (``push_t``): actions are the pusher's target in [0, 512]²."""
 
     action_bounds = (0.0, 512.0)
+    simulator_modules = ("gym_pusht",)

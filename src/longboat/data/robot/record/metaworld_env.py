@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import cache
 
 import numpy as np
 
@@ -24,6 +25,14 @@ def _tasks() -> list[str]:
     return sorted(import_simulator("metaworld.policies").ENV_POLICY_MAP)
 
 
+@cache
+def benchmark(task: str):
+    """Meta-World's MT1 of ``task`` (its env class and 50 placements), built once per process: building it resets a
+    simulator 50 times (about a second), and every env of the task in this process, through every episode, shares
+    it. Deterministic (seed 0, numpy's global state restored), so a shared one places objects as a new one would."""
+    return import_simulator("metaworld").MT1(task, seed=0)
+
+
 @register_simulator("metaworld", _tasks)
 class MetaWorldEnv(SimEnv):
     robot_type = "sawyer"
@@ -33,11 +42,10 @@ class MetaWorldEnv(SimEnv):
 
     def __init__(self, task: str):
         super().__init__()
-        metaworld = import_simulator("metaworld")
         policies = import_simulator("metaworld.policies")
         self.name, self._task_name = f"metaworld:{task}", task
         self.task = TASK_TEXT.get(task, task.removesuffix("-v3").replace("-", " "))
-        self._benchmark = metaworld.MT1(task, seed=0)
+        self._benchmark = benchmark(task)
         self._env = self._benchmark.train_classes[task]()
         self._policy = policies.ENV_POLICY_MAP[task]()
         self.max_steps = int(self._env.max_path_length)
