@@ -19,7 +19,8 @@ from longboat.config.base import ConfigError
 from longboat.data.robot.record.progress import RecordProgress
 from longboat.data.robot.record.recorder import DEFAULT_CAMERA_KEY
 from longboat.eval.config import EvalConfig
-from longboat.eval.episodes import EvalError, FinishedEpisode, Timing, policy_client, run_episodes
+from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_client, run_episodes,
+                                   vector_mode)
 from longboat.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, summarize, write_summary
 from longboat.eval.runners import ObservationSpec, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
@@ -114,6 +115,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     todo = {t: s for t, s in todo.items() if s}
     try:
         if todo:
+            if cfg.backend == "local" and vector_mode(cfg, runner, min(cfg.num_envs, len(seeds))) == "async":
+                runner.start_worker_server()  # it imports the simulator while this process starts the policy server
             with ExitStack() as stack:
                 url = _endpoint(cfg, out, stack)
                 # Ray runners open their own clients; this process needs one only for the policy's metadata.
