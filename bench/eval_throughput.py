@@ -5,10 +5,11 @@ The policy is the untrained stand-in MLP (``longboat serve --random-policy``) re
 state, with ``--delay-ms`` per forward pass standing in for a model whose time does not grow with the batch; its
 actions mean nothing, so every episode runs to the step limit and both setups do the same work. The defaults
 are a small real evaluation (24 episodes of 120 steps), so start-up weighs what it weighs in one. Per setup: wall
-time, episodes/s (overall, and once the envs are up: start-up is the envs' processes importing the simulator,
-building the task's benchmark and a GL context each), the time stepping envs (rendering included), waiting for
-chunks, and, per request, round trip vs server inference (the difference is transport and queueing). A single
-env's step is also timed with and without rendering its camera.
+time, episodes/s (overall, and once the envs are up: start-up is importing the simulator, building the task's
+benchmark once, and each env building its simulator and GL context), the time stepping envs (rendering included),
+waiting for chunks, and, per request, round trip vs server inference (the difference is transport and queueing).
+A single env's step is also timed with and without rendering its camera. Parallel envs pay off only on cores
+nothing else is using: run it on an otherwise idle machine.
 
     python -P bench/eval_throughput.py [--episodes 24] [--steps 120] [--size 64] [--delay-ms 20]
 """
