@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 CORNER = "observation.images.corner"
 
 
-def test_metaworld_envs_observe_as_recorded_and_reset_one_env_alone():
+def test_metaworld_envs_observe_as_recorded_share_one_benchmark_and_reset_one_env_alone():
     spec = ObservationSpec(wire_keys={"state": "observation.state", "image": CORNER}, cameras={"corner": "corner"},
                            image_size=32, state_dim=40, video_camera="topview", video_size=16)
     runner = make_runner("metaworld", spec)
@@ -41,9 +41,27 @@ def test_metaworld_envs_observe_as_recorded_and_reset_one_env_alone():
         np.testing.assert_array_equal(obs["observation.state"][0], before)
         np.testing.assert_array_equal(obs["observation.state"][1], np.append(recorded.reset(9), 0))
         assert vec.get_attr("max_steps") == (500, 500) and vec.get_attr("prompt")[0] == "reach the goal position"
+        # The three envs placed their six episodes' objects from one Meta-World benchmark.
+        assert vec.envs[0].sim._benchmark is vec.envs[1].sim._benchmark is recorded._benchmark
     finally:
         vec.close()
         recorded.close()
+
+
+def test_async_metaworld_envs_place_objects_as_a_sync_env_does():
+    # Async workers are forked from a fork server and take the benchmark built here: the same episodes.
+    runner = make_runner("metaworld", ObservationSpec(wire_keys={"state": "observation.state"}))
+    sync, forked = runner.make_vector_env("reach-v3", 2, "sync"), runner.make_vector_env("reach-v3", 2, "async")
+    try:
+        expected, _ = sync.reset(seed=[5, 6])
+        obs, _ = forked.reset(seed=[5, 6])
+        np.testing.assert_array_equal(obs["observation.state"], expected["observation.state"])
+        action = np.full((2, 4), 0.5, np.float32)
+        np.testing.assert_array_equal(forked.step(action)[0]["observation.state"],
+                                      sync.step(action)[0]["observation.state"])
+    finally:
+        sync.close()
+        forked.close()
 
 
 def test_actions_are_fitted_to_the_env_and_unknown_names_are_listed():

@@ -30,6 +30,7 @@ def test_manager_restarts_a_killed_server_and_the_client_carries_on(tmp_path):
     with pytest.raises(ProcessLookupError):  # stopped: SIGTERM to its process group
         os.kill(pid, 0)
     assert "serving on ws://127.0.0.1" in log.read_text()
+    assert "websockets" not in log.read_text()  # connections and health checks are not logged unless --verbose
     assert log.read_text().count("[manager]") == 2
 
 

@@ -176,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
     set_cpu_threads(args.threads)
     device = args.device or ("cuda" if _cuda() else "cpu")
     policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
-    serve(policy, cfg)
+    serve(policy, cfg, verbose=args.verbose)
     return 0
 
 
@@ -321,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--threads", type=_at_least_one, default=None,
                    help="torch CPU threads (default: all but one core, which is left to the event loop)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also log each connection opened and closed and each health check (websockets' INFO lines)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("models", help="list the model presets")

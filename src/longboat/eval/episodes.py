@@ -78,6 +78,11 @@ def policy_client(cfg: EvalConfig, url: str) -> PolicyClient:
     return PolicyClient(url, timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.serve.startup_timeout_s + 30)
 
 
+def vector_mode(cfg: EvalConfig, runner: Runner, num_envs: int) -> str:
+    """``cfg.vector``; for ``auto``, async (a process per env) when the envs render cameras and there are several."""
+    return cfg.vector if cfg.vector != "auto" else ("async" if runner.renders() and num_envs > 1 else "sync")
+
+
 def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, float, float]:
     start = time.perf_counter()
     reply = client.infer(obs, seed=seed)
@@ -91,8 +96,7 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
     """Run the episodes of ``task`` with ``seeds`` on ``min(num_envs, len(seeds))`` envs, one client and one pool
     thread each; yields each episode as it finishes."""
     n = min(cfg.num_envs, len(seeds))
-    mode = cfg.vector if cfg.vector != "auto" else ("async" if runner.renders() and n > 1 else "sync")
-    vec = runner.make_vector_env(task, n, mode)
+    vec = runner.make_vector_env(task, n, vector_mode(cfg, runner, n))
     try:
         prompt = vec.get_attr("prompt")[0]
         limit = min(cfg.max_steps or 10**9, *vec.get_attr("max_steps"))

@@ -19,7 +19,8 @@ from longboat.config.base import ConfigError
 from longboat.data.robot.record.progress import RecordProgress
 from longboat.data.robot.record.recorder import DEFAULT_CAMERA_KEY
 from longboat.eval.config import EvalConfig
-from longboat.eval.episodes import EvalError, FinishedEpisode, Timing, policy_client, run_episodes
+from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_client, run_episodes,
+                                   vector_mode)
 from longboat.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, summarize, write_summary
 from longboat.eval.runners import ObservationSpec, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
@@ -114,6 +115,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     todo = {t: s for t, s in todo.items() if s}
     try:
         if todo:
+            if cfg.backend == "local" and vector_mode(cfg, runner, min(cfg.num_envs, len(seeds))) == "async":
+                runner.start_worker_server()  # it imports the simulator while this process starts the policy server
             with ExitStack() as stack:
                 url = _endpoint(cfg, out, stack)
                 # Ray runners open their own clients; this process needs one only for the policy's metadata.
@@ -128,7 +131,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                     if e["task"] in tallies:
                         tallies[e["task"]].episodes += 1
                         tallies[e["task"]].successes += bool(e["success"])
-                bar = stack.enter_context(RecordProgress(progress, len(cfg.tasks) * len(seeds)))
+                done = sum(t.episodes for t in tallies.values())
+                bar = stack.enter_context(RecordProgress(progress, len(cfg.tasks) * len(seeds), completed=done))
 
                 def record(finished: FinishedEpisode) -> None:
                     episode = _save(out, finished)
@@ -186,6 +190,7 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     args = [str(export_dir(cfg.policy)), "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []
+    args += ["--verbose"] if s.verbose else []
     manager = stack.enter_context(ServerManager(args, out / "server.log", host=s.host,
                                                 startup_timeout_s=s.startup_timeout_s))
     return f"ws://{manager.host}:{manager.port}"

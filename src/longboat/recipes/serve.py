@@ -116,7 +116,9 @@ def set_cpu_threads(threads: int | None) -> int:
     return n
 
 
-def serve(policy: ServedPolicy, cfg: ServerConfig) -> None:
-    """Serve in the foreground until Ctrl-C or SIGTERM, logging to stderr."""
+def serve(policy: ServedPolicy, cfg: ServerConfig, verbose: bool = False) -> None:
+    """Serve in the foreground until Ctrl-C or SIGTERM, logging to stderr; websockets' own lines (every connection
+    opened and closed, every health check answered) only when ``verbose``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("websockets").setLevel(logging.INFO if verbose else logging.WARNING)
     PolicyServer(policy, cfg).run()

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
+from longboat.data.robot.record.metaworld_env import adopt_benchmark, benchmark
 from longboat.data.robot.record.optional import import_simulator
 from longboat.data.robot.record.registry import SIMULATORS, make_env
 from longboat.eval.runners.base import (FRAME_INFO, IMAGE_PREFIX, STATE_FEATURE, ObservationSpec, Runner,
@@ -82,10 +84,24 @@ class SimRunner(Runner):
 class MetaWorldRunner(SimRunner):
     """Meta-World v3 (MuJoCo, headless EGL, the recorder's camera fixes); tasks as ``reach-v3``."""
 
+    simulator_modules = ("metaworld.policies",)  # and metaworld
+
+    def env_fn(self, task: str, spec: ObservationSpec):
+        # The task's benchmark is built here once and sent along to each env's process (about 16 kB), where
+        # building it again would cost each about a second.
+        return partial(_with_benchmark, task, benchmark(task), super().env_fn(task, spec))
+
+
+def _with_benchmark(task: str, built, make: Callable[[], object]):
+    adopt_benchmark(task, built)
+    return make()
+
 
 @register_runner("fetch")
 class FetchRunner(SimRunner):
     """gymnasium-robotics Fetch: ``reach``, ``push``, ``pick_and_place``."""
+
+    simulator_modules = ("gymnasium_robotics",)
 
 
 @register_runner("pusht")
@@ -93,3 +109,4 @@ class PushTRunner(SimRunner):
     """gym-pusht's Push-T (``push_t``): actions are the pusher's target in [0, 512]²."""
 
     action_bounds = (0.0, 512.0)
+    simulator_modules = ("gym_pusht",)

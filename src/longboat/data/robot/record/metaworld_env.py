@@ -24,6 +24,23 @@ def _tasks() -> list[str]:
     return sorted(import_simulator("metaworld.policies").ENV_POLICY_MAP)
 
 
+_BENCHMARKS: dict[str, object] = {}  # task -> its MT1, in this process
+
+
+def benchmark(task: str):
+    """Meta-World's MT1 of ``task`` (its env class and 50 placements), built once per process: building it resets a
+    simulator 50 times (about a second), and every env of the task in this process, through every episode, shares
+    it. Deterministic (seed 0, numpy's global state restored), so a shared one places objects as a new one would."""
+    if task not in _BENCHMARKS:
+        _BENCHMARKS[task] = import_simulator("metaworld").MT1(task, seed=0)
+    return _BENCHMARKS[task]
+
+
+def adopt_benchmark(task: str, built) -> None:
+    """Use ``built``, the MT1 of ``task`` built by another process and sent here, as this process's."""
+    _BENCHMARKS.setdefault(task, built)
+
+
 @register_simulator("metaworld", _tasks)
 class MetaWorldEnv(SimEnv):
     robot_type = "sawyer"
@@ -33,11 +50,10 @@ class MetaWorldEnv(SimEnv):
 
     def __init__(self, task: str):
         super().__init__()
-        metaworld = import_simulator("metaworld")
         policies = import_simulator("metaworld.policies")
         self.name, self._task_name = f"metaworld:{task}", task
         self.task = TASK_TEXT.get(task, task.removesuffix("-v3").replace("-", " "))
-        self._benchmark = metaworld.MT1(task, seed=0)
+        self._benchmark = benchmark(task)
         self._env = self._benchmark.train_classes[task]()
         self._policy = policies.ENV_POLICY_MAP[task]()
         self.max_steps = int(self._env.max_path_length)

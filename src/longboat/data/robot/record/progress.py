@@ -6,7 +6,8 @@ import sys
 
 
 class RecordProgress:
-    def __init__(self, enabled: bool, total: int):
+    def __init__(self, enabled: bool, total: int, completed: int = 0):
+        """``completed``: episodes already done before this run (a resumed evaluation), where the bar starts."""
         self._progress = None
         if enabled and sys.stderr.isatty():
             from rich.console import Console
@@ -14,7 +15,7 @@ class RecordProgress:
 
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-            self._task = self._progress.add_task("recording", total=total)
+            self._task = self._progress.add_task("recording", total=total, completed=completed)
 
     def __enter__(self) -> "RecordProgress":
         if self._progress is not None:
