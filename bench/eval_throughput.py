@@ -4,14 +4,15 @@ against 1 env and one request at a time, on the same policy and episodes, and wh
 The policy is the untrained stand-in MLP (``longboat serve --random-policy``) reading a Meta-World camera and the
 state, with ``--delay-ms`` per forward pass standing in for a model whose time does not grow with the batch; its
 actions mean nothing, so every episode runs to the step limit and both setups do the same work. The defaults
-are a small real evaluation (24 episodes of 120 steps), so start-up weighs what it weighs in one. Per setup: wall
+are a small real evaluation (48 episodes of 120 steps, about the 50 seeds of the pixel push recipe's), so start-up
+weighs what it weighs in one. Per setup: wall
 time, episodes/s (overall, and once the envs are up: start-up is importing the simulator, building the task's
 benchmark once, and each env building its simulator and GL context), the time stepping envs (rendering included),
 waiting for chunks, and, per request, round trip vs server inference (the difference is transport and queueing).
 A single env's step is also timed with and without rendering its camera. Parallel envs pay off only on cores
 nothing else is using: run it on an otherwise idle machine.
 
-    python -P bench/eval_throughput.py [--episodes 24] [--steps 120] [--size 64] [--delay-ms 20]
+    python -P bench/eval_throughput.py [--episodes 48] [--steps 120] [--size 64] [--delay-ms 20]
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def env_step_ms(size: int, steps: int = 30) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=24)
+    parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--steps", type=int, default=120, help="steps per episode")
     parser.add_argument("--size", type=int, default=64, help="camera image size")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="time per forward pass")

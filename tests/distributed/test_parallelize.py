@@ -106,13 +106,13 @@ def runs(tmp_path_factory):
     return out
 
 
-def _assert_same_run(runs, case: str, ref: str, first_step: int = 1):
+def _assert_same_run(runs, case: str, ref: str, first_step: int = 1, norm_rel: float = 1e-4):
     got, want = _rows(runs / case), _rows(runs / ref)
     assert sorted(got) == list(range(first_step, STEPS + 1))
     for step, row in got.items():
         assert row["loss"] == pytest.approx(want[step]["loss"], rel=1e-5), f"{case}: loss at step {step}"
         # The norm before clipping catches a wrongly scaled gradient, which Adam alone would hide.
-        assert row["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=1e-4), f"{case}: grad norm, step {step}"
+        assert row["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=norm_rel), f"{case}: grad norm, step {step}"
     params = torch.load(runs / case / "final.pt", weights_only=True)
     expected = torch.load(runs / ref / "final.pt", weights_only=True)
     assert params.keys() == expected.keys()

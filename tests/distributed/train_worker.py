@@ -63,6 +63,7 @@ MODELS = {
     # Capacity 1.0 drops 8-24 of each layer's 64 routed copies per 2-sample micro-batch.
     "qwen3moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, capacity_factor=1.0)),
     "untied_4": dict(BASE, tie_embeddings=False, n_layers=4),  # two stages per rank at pp 2
+    "tied_4": dict(BASE, tie_embeddings=True, n_layers=4),  # a stage per rank at pp 4
 }
 
 
@@ -144,6 +145,14 @@ CASES = {
     "pp_ep_qwen3moe": Case("qwen3moe", {"pp": 2, "ep": 2}, grad_accum=2),
     "single_qwen3moe_accum_4": Case("qwen3moe", grad_accum=4),  # pp_ep_qwen3moe's 2 × 2 one-sample micro-batches
     "single_4_from_pp_tp": Case("untied_4", resume_from=f"pp_interleaved_tp/checkpoints/step_{SAVE_AT:08d}"),
+    # tied embeddings under pipeline parallel: the last stage holds a copy of the first stage's table
+    "pp_fsdp_tied": Case("tied", {"pp": 2, "dp_shard": 2}, save_every=SAVE_AT, grad_accum=2),
+    "pp_tp_tied": Case("tied", {"pp": 2, "tp": 2}, grad_accum=2),
+    "pp4_tied": Case("tied_4", {"pp": 4}, grad_accum=4),
+    "pp_tied_from_single": Case("tied", {"pp": 2, "meta_init": True},
+                                resume_from=f"single/checkpoints/step_{SAVE_AT:08d}", grad_accum=2),
+    "single_tied_4": Case("tied_4", grad_accum=4),  # pp4_tied's four one-sample micro-batches
+    "single_from_pp_tied": Case("tied", resume_from=f"pp_fsdp_tied/checkpoints/step_{SAVE_AT:08d}"),
     "pp_interleaved_fsdp": Case("untied_4", {"pp": 2, "dp_shard": 2, "pp_schedule": "interleaved_1f1b",
                                              "pp_virtual_stages": 2, "activation_checkpointing": "full"},
                                 grad_accum=2),

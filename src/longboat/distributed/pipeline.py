@@ -2,7 +2,8 @@
 
 Every rank builds the full model and deletes what its stages do not own, as the model spec's ``PipelineSplit``
 says: layers outside its stages, the first stage's modules (the embedding) unless it runs the first stage, the
-last stage's (final norm, head) unless it runs the last. The layers it keeps stay under their full-model
+last stage's (final norm, head) unless it runs the last. A tied model's last stage keeps the embedding table its
+head reads (``pipeline_tied``). The layers it keeps stay under their full-model
 indices, so parameter names are the full model's and DCP checkpoints resume on any other pipeline layout.
 
 Stages are assigned loop-style: rank ``r`` of ``pp`` runs stages ``r, r + pp, ...`` (``pp_virtual_stages`` of
@@ -30,6 +31,7 @@ from longboat.distributed.expert_parallel import apply_expert_parallel, check_ex
 from longboat.distributed.mesh import ParallelMesh
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, materialize
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
+from longboat.distributed.pipeline_tied import TiedWeights
 from longboat.distributed.pipeline_tp import apply_output_tensor_parallel, apply_stage_tensor_parallel, check_plan
 from longboat.models.registry import PipelineSplit
 from longboat.trainer.trainer import LossOutput, StagedLoss
@@ -93,9 +95,11 @@ def _check_split(model: nn.Module, split: PipelineSplit) -> nn.ModuleList:
 
 
 def _keep(model: nn.Module, split: PipelineSplit, layers: dict[str, nn.Module], first: bool, last: bool) -> None:
-    """Leave on ``model`` only ``layers`` and, where its stages need them, the first and last stage's children."""
+    """Leave on ``model`` only ``layers`` and, where its stages need them, the first and last stage's children
+    (the last stage keeps the first's tied ones)."""
     setattr(model, split.layers, StageLayers(layers))
-    for name in (() if first else split.first) + (() if last else split.last):
+    dropped = () if first else tuple(n for n in split.first if not (last and n in split.tied))
+    for name in dropped + (() if last else split.last):
         setattr(model, name, None)
 
 
@@ -121,8 +125,8 @@ class Pipeline:
     """
 
     def __init__(self, model: nn.Module, stages: list[PipelineStage], cfg: ParallelConfig, mesh: ParallelMesh,
-                 loss: StagedLoss, n_microbatches: int):
-        self.model, self.stages, self.loss = model, stages, loss
+                 loss: StagedLoss, n_microbatches: int, tied: TiedWeights):
+        self.model, self.stages, self.loss, self.tied = model, stages, loss, tied
         self.group = mesh.pp.get_group()
         self.last_rank = cfg.pp - 1  # loop-style assignment puts the last stage on the last rank
         self.has_first = any(stage.is_first for stage in stages)
@@ -187,7 +191,9 @@ class Pipeline:
 
     def train_step(self, batches: list[dict]) -> LossOutput:
         """Forward and backward of ``batches`` (``n_microbatches`` of them); gradients accumulate in the stages."""
-        return self._run(batches, train=True)
+        out = self._run(batches, train=True)
+        self.tied.sum_gradients(self.model)
+        return out
 
     def evaluate(self, batches: list[dict]) -> LossOutput:
         return self._run(batches, train=False)
@@ -195,6 +201,7 @@ class Pipeline:
     def total_norm(self, local: torch.Tensor) -> torch.Tensor:
         """The gradient norm over every stage's parameters from this rank's stages' norm."""
         squared = local.double().square()
+        squared = (squared - self.tied.duplicate_square_norm(self.model).to(squared.device)).clamp(min=0)
         dist.all_reduce(squared, group=self.group)
         return squared.sqrt().to(local.dtype)
 
@@ -250,8 +257,10 @@ def build_pipeline(
     stage_ids = _stage_ids(cfg, mesh.pp.get_local_rank())
     owned = {str(i): layers[i] for s in stage_ids for i in ranges[s]}
     _keep(model, split, owned, first=0 in stage_ids, last=n_stages - 1 in stage_ids)
+    tied = TiedWeights(model, split, mesh, first=0 in stage_ids, last=n_stages - 1 in stage_ids)
     if any(p.is_meta for p in model.parameters()):
         _materialize_stages(model, device, mesh.pp.get_local_rank())
+    tied.copy_from_first(model)
     if mesh.ep is not None and expert_modules(model):  # a stage of dense layers has none
         apply_expert_parallel(model, mesh.ep)
     if mesh.tp is not None:
@@ -271,7 +280,7 @@ def build_pipeline(
         apply_fsdp(view, units, mesh, cfg, forward_methods)
     group = mesh.pp.get_group()
     stages = [PipelineStage(view, s, n_stages, device, group=group) for view, s in zip(views, stage_ids)]
-    return model, Pipeline(model, stages, cfg, mesh, loss, n_microbatches)
+    return model, Pipeline(model, stages, cfg, mesh, loss, n_microbatches, tied)
 
 
 def pipeline_layer_counts(model: nn.Module, split: PipelineSplit, cfg: ParallelConfig) -> list[int]:

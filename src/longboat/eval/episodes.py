@@ -1,19 +1,22 @@
-"""One task's episodes on a vector env against a policy server: the stepping loop both backends run (the local one
+"""One task's episodes on vector envs against a policy server: the stepping loop both backends run (the local one
 in the orchestrator's process, the Ray one in each runner actor).
 
-``num_envs`` environments step together (gymnasium vector envs); the envs that need a new action chunk ask the
-server at the same time (one client each, so the server batches them) and each uses ``replan_steps`` actions of its
-chunk. An episode ends at its first success, at the step limit (``time_limit``) or at the wall-clock limit
-(``wall_time``). The request seed is a function of the episode seed and the step, so an episode replays the same
-however the envs are laid out and whether the server restarted under it.
+``num_envs`` environments in one process step together (gymnasium's sync vector env); the envs that need a new
+action chunk ask the server at the same time (one client each, so the server batches them) and each uses
+``replan_steps`` actions of its chunk. Environments in processes of their own (async, for rendering envs) run a
+loop each, so stepping and inference overlap. An episode ends at its first success, at the step limit
+(``time_limit``) or at the wall-clock limit (``wall_time``). The request seed is a function of the episode seed and
+the step, so an episode replays the same however the envs are laid out and whether the server restarted under it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from queue import Queue
 from typing import Iterator
 
 import numpy as np
@@ -33,7 +36,8 @@ class EvalError(LongboatError, RuntimeError):
 
 @dataclass
 class Timing:
-    """Where the wall time of the episodes went: stepping the envs (rendering included) and waiting for chunks."""
+    """Where the wall time of the episodes went: stepping the envs (rendering included) and waiting for chunks (for
+    lanes running side by side, a lane's on average); ``steps`` counts vector steps over all lanes."""
 
     env_s: float = 0.0
     request_s: float = 0.0
@@ -94,21 +98,83 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
                  clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
                  timing: Timing) -> Iterator[FinishedEpisode]:
     """Run the episodes of ``task`` with ``seeds`` on ``min(num_envs, len(seeds))`` envs, one client and one pool
-    thread each; yields each episode as it finishes."""
+    thread each; yields each episode as it finishes.
+
+    Envs in one process (``sync``) step together and ask for their chunks together. Envs in processes of their own
+    (``async``) each run their own loop in a lane: while one waits for its chunk the others step, so the server and
+    the envs work at the same time rather than in turns, and the server batches whatever requests meet."""
     n = min(cfg.num_envs, len(seeds))
-    vec = runner.make_vector_env(task, n, vector_mode(cfg, runner, n))
+    mode = vector_mode(cfg, runner, n)
+    queue = deque(seeds)
+    if mode == "sync" or n == 1:
+        yield from _lane(cfg, runner, task, queue, video_seeds, clients[:n], pool, mode, replan, n_obs, timing)
+    else:
+        yield from _lanes(cfg, runner, task, queue, video_seeds, clients[:n], pool, replan, n_obs, timing)
+
+
+_LANE_DONE = object()
+
+
+def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: set[int],
+           clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
+           timing: Timing) -> Iterator[FinishedEpisode]:
+    """One lane (an env, its client and its own loop on a pool thread) per client, all drawing episodes from
+    ``queue``; yields episodes as lanes finish them and raises the first lane's error."""
+    finished: Queue = Queue()
+    stop = threading.Event()
+    timings = [Timing() for _ in clients]
+
+    def drive(i: int) -> None:
+        try:
+            for episode in _lane(cfg, runner, task, queue, video_seeds, clients[i:i + 1], None, "async", replan,
+                                 n_obs, timings[i], stop):
+                finished.put(episode)
+        except BaseException as e:  # handed to the consumer, which raises it
+            finished.put(e)
+        finally:
+            finished.put(_LANE_DONE)
+
+    lanes = [pool.submit(drive, i) for i in range(len(clients))]
+    try:
+        running = len(lanes)
+        while running:
+            item = finished.get()
+            if item is _LANE_DONE:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+        for lane in lanes:
+            lane.result()
+        # Lanes run side by side: where a lane's time went, on average, is where the wall time went.
+        for t in timings:
+            timing.env_s += t.env_s / len(timings)
+            timing.request_s += t.request_s / len(timings)
+            timing.steps += t.steps
+
+
+def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: set[int],
+          clients: list[PolicyClient], pool: Executor | None, mode: str, replan: int, n_obs: int, timing: Timing,
+          stop: threading.Event | None = None) -> Iterator[FinishedEpisode]:
+    """Episodes from ``queue`` on a vector env of ``len(clients)`` envs stepping together, until the queue is empty
+    (or ``stop`` is set); requests go out on ``pool`` threads, or on this thread for a single env without a pool."""
+    n = len(clients)
+    vec = runner.make_vector_env(task, n, mode)
     try:
         prompt = vec.get_attr("prompt")[0]
         limit = min(cfg.max_steps or 10**9, *vec.get_attr("max_steps"))
         fps = vec.get_attr("fps")[0]
         space = vec.single_action_space
-        queue, slots = deque(seeds), [None] * n
+        slots = [None] * n
 
-        def start(mask: np.ndarray, obs=None) -> dict:
+        def start(mask: np.ndarray) -> None:
             """Reset the masked envs into their next episodes (an env with none left idles on a fresh reset)."""
             reset_seeds = []
             for i in np.flatnonzero(mask):
-                slots[i] = _Episode(task, queue.popleft(), prompt, False) if queue else None
+                slots[i] = _next_episode(queue, task, prompt)
                 reset_seeds.append(slots[i].seed if slots[i] else 0)
             full = [None] * n
             for i, s in zip(np.flatnonzero(mask), reset_seeds):
@@ -121,19 +187,20 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
                     _remember(ep, {k: v[i] for k, v in new_obs.items()}, n_obs)
                     if ep.video and info.get("_" + FRAME_INFO, np.zeros(n, bool))[i]:
                         ep.frames.append(info[FRAME_INFO][i])
-            return new_obs
 
         start(np.ones(n, bool))
-        while any(slots):
+        while any(slots) and not (stop is not None and stop.is_set()):
             asks = {i: ep for i, ep in enumerate(slots)
                     if ep is not None and (ep.chunk is None or ep.step - ep.chunk_start >= replan)}
-            futures = {i: pool.submit(_request, clients[i], runner.request(_stacked(ep.history), ep.prompt),
-                                      (ep.seed * _SEED_STRIDE + ep.step) % (1 << 63)) for i, ep in asks.items()}
+            args = {i: (clients[i], runner.request(_stacked(ep.history), ep.prompt),
+                        (ep.seed * _SEED_STRIDE + ep.step) % (1 << 63)) for i, ep in asks.items()}
             waited = time.perf_counter()
-            for i, f in futures.items():
+            # Sent together on pool threads, so the server can batch them; a lone env asks on this thread.
+            replies = {i: pool.submit(_request, *a) for i, a in args.items()} if pool is not None else None
+            for i in args:
                 ep = slots[i]
                 try:
-                    ep.chunk, latency, infer = f.result()
+                    ep.chunk, latency, infer = replies[i].result() if replies is not None else _request(*args[i])
                 except LongboatError as e:
                     raise EvalError(f"{task} seed {ep.seed}: {e}") from None
                 ep.chunk_start = ep.step
@@ -166,6 +233,13 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
                 start(finished)
     finally:
         vec.close()
+
+
+def _next_episode(queue: deque, task: str, prompt: str) -> _Episode | None:
+    try:
+        return _Episode(task, queue.popleft(), prompt, False)  # popleft is atomic: lanes share the queue
+    except IndexError:
+        return None
 
 
 def _remember(ep: _Episode, obs: dict, n_obs: int) -> None:

@@ -113,11 +113,12 @@ class ServerManager:
                     f"did not answer for {self.unresponsive_after_s:g} s"
                 log.warning("policy server %s; restarting it (see %s)", why, self.log_file)
                 self._terminate()
+                # Counted before the launch: a client can be served by the new server before _launch returns.
+                self.restarts += 1
                 try:
                     self._launch()
                 except ServerStartError as e:
                     log.error("%s", e)  # tried again at the next check
-                self.restarts += 1
                 last_ok = time.monotonic()
 
     def _terminate(self) -> None:

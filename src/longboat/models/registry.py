@@ -45,11 +45,13 @@ class PipelineSplit:
     """How pipeline parallelism cuts a model, by the names of its children: the ``layers`` list into stages of
     consecutive layers, ``first`` kept on the first stage only, ``last`` on the last stage only. Without its
     ``first`` children the model's forward takes the previous stage's output, without ``last`` it returns its
-    layers' output."""
+    layers' output. ``tied`` names ``first`` children the last stage keeps as well, because its head reads their
+    weights (tied embeddings): the two stages hold equal copies, and their gradients are summed after each step."""
 
     layers: str
     first: tuple[str, ...]
     last: tuple[str, ...]
+    tied: tuple[str, ...] = ()
     # The dim over which the tensor-parallel plan shards the activations between layers (sequence parallel), which
     # the stages gather for the next one; None: they pass whole.
     tp_sequence_dim: int | None = None

@@ -48,7 +48,7 @@ class LossOutput:
     loss_sum: torch.Tensor  # sum of per-item losses in the micro-batch
     count: torch.Tensor | int  # items the sum is over (non-ignored tokens, samples, ...)
     units: int  # inputs processed, for throughput (tokens for LMs, samples for policies)
-    metrics: dict[str, float] | None = None  # extra floats to log, averaged over the step's micro-batches
+    metrics: dict[str, float] | None = None  # extra floats to log, averaged over the step's micro-batches (all ranks')
 
 
 class LossFn(Protocol):
@@ -270,7 +270,11 @@ class Trainer:
     def train_step(self) -> dict:
         self.model.train()
         loss_sum, count, units, extra = self._accumulate()
-        totals = self._all_reduce(torch.stack([loss_sum, count]))
+        # The task's metrics (e.g. MoE load) averaged over every micro-batch of the step, on all data-parallel ranks.
+        names = sorted(extra)
+        totals = self._all_reduce(torch.tensor([float(loss_sum), float(count), *(extra[k] for k in names)],
+                                               dtype=torch.float64, device=self.device))
+        extra = {k: totals[2 + i].item() / self.dp.size for i, k in enumerate(names)}
         global_count = max(totals[1].item(), 1.0)
         # Gradients hold the sum over this rank's items, averaged over replicas by DDP/FSDP; rescale them to
         # the mean over every item of the global batch.

@@ -253,8 +253,9 @@ class Decoder(nn.Module):
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
-        A pipeline stage holds only some of the modules: without ``tok_embeddings`` it takes hidden states
-        [B, T, d_model] for ``tokens``, without ``norm`` (a stage before the last) it returns its layers' output.
+        A pipeline stage holds only some of the modules: after the first it takes hidden states [B, T, d_model] for
+        ``tokens`` (a last stage of a tied model keeps ``tok_embeddings`` for its head), without ``norm`` (a stage
+        before the last) it returns its layers' output.
         ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding. ``segments``
         [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
         states of padding positions (segment 0) are unspecified.
@@ -264,7 +265,7 @@ class Decoder(nn.Module):
         cos, sin = self._rope(tokens.shape[1], positions, cache)
         masked = segments is not None and not one_document_per_row(segments)
         mask = segment_attention_mask(segments) if masked else None
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        h = tokens if tokens.is_floating_point() else self.tok_embeddings(tokens)
         self.last_moe_aux = []
         for layer in self.layers:
             h, aux = layer(h, cos, sin, cache, mask)

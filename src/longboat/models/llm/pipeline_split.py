@@ -1,15 +1,14 @@
-"""How the decoder is cut into pipeline stages: the embedding on the first, the final norm and head on the last."""
+"""How the decoder is cut into pipeline stages: the embedding on the first, the final norm and head on the last (with
+the embedding table too when the head reads it, tied embeddings)."""
 
 from __future__ import annotations
 
-from longboat.config.base import ConfigError
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.registry import PipelineSplit
 
 
 def decoder_pipeline_split(cfg: DecoderConfig) -> PipelineSplit:
-    if cfg.tie_embeddings:
-        raise ConfigError("parallel.pp > 1 needs model.tie_embeddings=false: the head on the last stage would read "
-                          "the embedding table of the first")
-    return PipelineSplit(layers="layers", first=("tok_embeddings",), last=("norm", "output"),
+    tied = cfg.tie_embeddings  # the head reads the embedding table: there is no `output` module
+    return PipelineSplit(layers="layers", first=("tok_embeddings",), last=("norm",) if tied else ("norm", "output"),
+                         tied=("tok_embeddings",) if tied else (),
                          tp_sequence_dim=1)  # sequence parallel (parallel_plan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -25,15 +26,17 @@ def _tasks() -> list[str]:
 
 
 _BENCHMARKS: dict[str, object] = {}  # task -> its MT1, in this process
+_BUILDING = threading.Lock()  # one build at a time: MT1 seeds and restores numpy's global random state
 
 
 def benchmark(task: str):
     """Meta-World's MT1 of ``task`` (its env class and 50 placements), built once per process: building it resets a
     simulator 50 times (about a second), and every env of the task in this process, through every episode, shares
     it. Deterministic (seed 0, numpy's global state restored), so a shared one places objects as a new one would."""
-    if task not in _BENCHMARKS:
-        _BENCHMARKS[task] = import_simulator("metaworld").MT1(task, seed=0)
-    return _BENCHMARKS[task]
+    with _BUILDING:  # evaluation lanes make their envs from threads of their own
+        if task not in _BENCHMARKS:
+            _BENCHMARKS[task] = import_simulator("metaworld").MT1(task, seed=0)
+        return _BENCHMARKS[task]
 
 
 def adopt_benchmark(task: str, built) -> None:

@@ -19,7 +19,8 @@ from longboat.models.vision import SpatialSoftmax
 class CameraEncoder(nn.Module):
     """[N, C, H, W] -> [N, features]. Pooled: two strided convolutions and a global average pool (what is in
     view, ``channels`` features). Keypoints: a strided and two unstrided convolutions keep half the resolution,
-    and a spatial softmax gives ``keypoints`` (x, y) positions (where it is, ``2 * keypoints`` features)."""
+    and a spatial softmax over standardised heat maps gives ``keypoints`` (x, y) positions (where it is,
+    ``2 * keypoints`` features)."""
 
     def __init__(self, in_channels: int, channels: int, keypoints: int | None = None):
         super().__init__()
@@ -27,7 +28,7 @@ class CameraEncoder(nn.Module):
         widths = (in_channels,) + (channels,) * len(strides)
         self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, stride=s, padding=1)
                                    for a, b, s in zip(widths[:-1], widths[1:], strides))
-        self.keypoints = None if keypoints is None else SpatialSoftmax(channels, keypoints)
+        self.keypoints = None if keypoints is None else SpatialSoftmax(channels, keypoints, normalize=True)
         self.out_dim = channels if keypoints is None else 2 * keypoints
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -61,7 +62,7 @@ class MLPPolicy(Policy):
 
     def init_weights(self) -> None:
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
+            if isinstance(m, (nn.Linear, nn.Conv2d, SpatialSoftmax)):
                 m.reset_parameters()
 
     def _actions(self, obs: dict) -> torch.Tensor:
