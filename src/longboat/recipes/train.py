@@ -56,7 +56,12 @@ def run(resolved: ResolvedRun) -> FitResult:
     runtime = init_runtime(cfg.parallel.backend, cfg.train.device, cfg.parallel.timeout_minutes)
     try:
         with RunDirLock(cfg.run_dir) if runtime.rank == 0 else contextlib.nullcontext():
-            return _run(resolved, runtime, checked)
+            result = _run(resolved, runtime, checked)
+        if runtime.distributed:
+            # Leave together: a rank that tears its process group down while another is still exporting (rank 0's
+            # work) has been seen to abort in the teardown ("terminate called without an active exception").
+            dist.barrier()
+        return result
     finally:
         shutdown(runtime)
 
