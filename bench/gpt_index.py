@@ -11,7 +11,6 @@ indices and a few samples are identical.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import argparse

@@ -1,5 +1,5 @@
 """Expert parallel against one process: Qwen3-MoE- and DeepSeek-V3-style decoders trained with the real Trainer
-on gloo ranks (ep 2; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient norms, end at its
+on gloo ranks (ep 2, also compiled; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient norms, end at its
 weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in one process.
 The Switch aux loss is per micro-batch, so the Qwen3-MoE reference accumulates two half batches, as
 test_tp_moe.py does."""
@@ -9,7 +9,8 @@ import torch
 
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelConfig, ParallelDims, parallelize, resolve_dims
-from longboat.distributed.expert_parallel import check_expert_parallel, expert_major_order
+from longboat.distributed.expert_parallel import check_expert_parallel, expert_major_order, expert_modules
+from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile
 from longboat.models import build_model
 from longboat.recipes.config import load_run_config
 from longboat.recipes.preflight import preflight
@@ -36,10 +37,25 @@ def test_expert_parallel_degree_is_checked_before_any_collective():
         validate(ParallelConfig, {"ep": 2, "data_parallel": "ddp"})
     with pytest.raises(ConfigError, match="cannot be combined with tensor parallel"):
         validate(ParallelConfig, {"ep": 2, "tp": 2})
+    with pytest.raises(ConfigError, match="selective checkpointing cannot recompute"):
+        validate(ParallelConfig, {"ep": 2, "compile": True, "activation_checkpointing": "selective"})
     with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
         check_expert_parallel(build_model("decoder", MODELS["qwen3moe"]), 8)
     with pytest.raises(ConfigError, match="parallel.ep=2 needs a mixture-of-experts model"):
         parallelize(build_model("decoder", MODELS["tied"]), None, ParallelConfig(ep=2))
+
+
+def test_compile_leaves_the_experts_and_their_dispatch_eager():
+    model = build_model("decoder", MODELS["deepseek"])
+    apply_activation_checkpointing(model, ["layers"], "full", 1)
+    apply_compile(model, ["layers"], eager=expert_modules(model))
+    compiled = {name for name, m in model.named_modules() if m._compiled_call_impl is not None}
+    assert compiled == {
+        "layers.0",  # the dense first layer: one graph, checkpoint included
+        "layers.1._checkpoint_wrapped_module.attention",
+        "layers.1._checkpoint_wrapped_module.feed_forward.router",
+        "layers.1._checkpoint_wrapped_module.feed_forward.shared_experts",
+    }
 
 
 def test_a_run_checks_its_experts_split_before_it_starts():
@@ -59,8 +75,11 @@ def runs(tmp_path_factory):
     four = start(torchrun(4, port4, str(WORKER), str(out), "ep_fsdp_deepseek", "ep_fsdp_qwen3moe",
                           "ep_hsdp_deepseek"), out / "four.log")
     try:
+        # The compiled case traces with AOT autograd and runs its graphs eagerly: what expert parallel changes is
+        # which parts become graphs, not how inductor lowers them (tests/models/test_moe_checkpoint_compile.py).
         two = start(torchrun(2, port2, str(WORKER), str(out), "ep_deepseek", "ep_qwen3moe", "fsdp_capacity",
-                             "ep_capacity"), out / "two.log")
+                             "ep_capacity", "ep_compile_qwen3moe"), out / "two.log",
+                    env={"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"})
         run_case(out, "ep_single_deepseek")
         run_case(out, "ep_single_qwen3moe_accum")
         log = finish(two, out / "two.log", timeout=300)
@@ -87,6 +106,7 @@ def _assert_same_gradients(runs, case: str, ref: str):
     ("ep_qwen3moe", "ep_single_qwen3moe_accum"),
     ("ep_deepseek", "ep_single_deepseek"),
     ("ep_fsdp_deepseek", "ep_single_deepseek"),
+    ("ep_compile_qwen3moe", "ep_single_qwen3moe_accum"),
 ])
 def test_expert_parallel_training_matches_one_process(runs, case, ref):
     _assert_same_run(runs, case, ref)

@@ -7,7 +7,6 @@ import torch
 
 from longboat.models.llm.generation import generate
 from longboat.models.llm.hf import load_hf_model, save_hf_model
-from tests.models.conftest import GGUF
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")

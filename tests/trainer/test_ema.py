@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from longboat.trainer.ema import EMA, EMAConfig
+from longboat.trainer.config import EMAConfig
+from longboat.trainer.ema import EMA
 from tests.trainer.conftest import small_model
 
 

@@ -38,10 +38,12 @@ def _train(args: argparse.Namespace) -> int:
         return _check(args)
     if args.nproc is not None:
         return _launch(args)
-    from longboat.recipes import train
     from longboat.recipes.config import load_run_config
 
-    result = train.run(load_run_config(args.config, args.overrides))
+    resolved = load_run_config(args.config, args.overrides)  # a bad config fails before training's imports
+    from longboat.recipes import train
+
+    result = train.run(resolved)
     return 0 if not result.stopped_by_signal else 143
 
 
@@ -65,15 +67,15 @@ def _check(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from longboat.config.base import ConfigError
-    from longboat.recipes.generate import (
-        check_sampling, generate_chat, generate_text, load_for_inference, parse_messages,
-    )
+    from longboat.recipes.sampling import check_sampling
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples)
     if args.messages is not None and (args.prompt or args.system is not None):
         raise ConfigError("--messages holds the whole conversation; drop --prompt and --system")
     if args.system is not None and not args.chat:
         raise ConfigError("--system needs --chat")
+    from longboat.recipes.generate import generate_chat, generate_text, load_for_inference, parse_messages
+
     messages = parse_messages(args.messages) if args.messages is not None else None
     if args.chat and messages is None:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -92,10 +94,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from longboat.recipes.chat import ChatSession, run_chat
-    from longboat.recipes.generate import check_sampling, load_for_inference
+    from longboat.recipes.sampling import check_sampling
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    from longboat.recipes.chat import ChatSession, run_chat
+    from longboat.recipes.generate import load_for_inference
+
     loaded = load_for_inference(args.model)
     session = ChatSession(loaded, args.system, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                           args.seed)

@@ -10,8 +10,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
-
 from longboat.data.indexed import IndexedDataset, data_path
 
 _CHUNK = 1 << 26  # tokens per slice of the memory map: bounded memory for any file size

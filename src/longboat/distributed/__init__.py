@@ -1,19 +1,29 @@
-"""torch.distributed for longboat: the runtime (process group), the device mesh and ``parallelize``."""
+"""torch.distributed for longboat: the runtime (process group), the device mesh and ``parallelize``.
 
-from longboat.distributed.config import ParallelConfig
-from longboat.distributed.mesh import ParallelDims, ParallelMesh, build_mesh, resolve_dims
-from longboat.distributed.parallelize import parallelize
-from longboat.distributed.runtime import Runtime, init_runtime, launched_world_size, shutdown
+Names load on first use: a config module imports ``longboat.distributed.config`` without paying for the device
+mesh and DTensor (which import most of torch.distributed and the compiler) before it has validated anything.
+"""
 
-__all__ = [
-    "ParallelConfig",
-    "ParallelDims",
-    "ParallelMesh",
-    "Runtime",
-    "build_mesh",
-    "init_runtime",
-    "launched_world_size",
-    "parallelize",
-    "resolve_dims",
-    "shutdown",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "ParallelConfig": "config",
+    "ParallelDims": "mesh",
+    "ParallelMesh": "mesh",
+    "build_mesh": "mesh",
+    "resolve_dims": "mesh",
+    "parallelize": "parallelize",
+    "Runtime": "runtime",
+    "init_runtime": "runtime",
+    "launched_world_size": "runtime",
+    "shutdown": "runtime",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

@@ -37,7 +37,8 @@ class ParallelConfig(StrictModel):
     reduce_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="dtype gradients are reduced in")
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     ac_every: int = Field(default=1, ge=1, description="checkpoint every k-th block")
-    compile: bool = Field(default=False, description="torch.compile each block")
+    compile: bool = Field(default=False,
+                          description="torch.compile each block (under expert parallel: its parts around the experts)")
     meta_init: bool = Field(default=False, description="build on the meta device, allocate only local shards")
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_minutes: float = Field(default=10.0, gt=0, description="a collective that waits longer fails the run")
@@ -65,10 +66,11 @@ class ParallelConfig(StrictModel):
                 raise ValueError(
                     f"parallel.ep={self.ep} cannot be combined with tensor parallel (parallel.tp={self.tp})"
                 )
-            if self.compile:
+            if self.compile and self.activation_checkpointing == "selective":
                 raise ValueError(
-                    f"parallel.ep={self.ep} cannot be combined with parallel.compile: the all-to-all sizes depend on "
-                    "the routing, which a compiled block cannot read"
+                    f"parallel.ep={self.ep} with parallel.compile compiles the parts of each block around the "
+                    "experts, which selective checkpointing cannot recompute; use "
+                    "parallel.activation_checkpointing=full (or none), or parallel.compile=false"
                 )
         return self
 

@@ -60,12 +60,6 @@ def _require_units(model: nn.Module, names: Sequence[str], what: str) -> list[tu
     return units
 
 
-def plain_name(name: str) -> str:
-    """A parameter's name in the plain model: without DDP's ``module.``, checkpoint and compile wrappers."""
-    name = name.removeprefix("module.")
-    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-
-
 # ---- tensor parallel ---------------------------------------------------------------------------------------
 def plan_entry_matches(name: str, pattern: str) -> bool:
     """``*`` stands for exactly one dotted component (a block index); ``""`` is the root module."""
@@ -122,10 +116,30 @@ def apply_activation_checkpointing(model: nn.Module, units: Sequence[str], mode:
             parent.register_module(attr, checkpoint_wrapper(unit, **kwargs))
 
 
-def apply_compile(model: nn.Module, units: Sequence[str]) -> None:
-    """Compile each unit in place (names unchanged); identical blocks share one compiled graph."""
+def apply_compile(model: nn.Module, units: Sequence[str], eager: Sequence[nn.Module] = ()) -> None:
+    """Compile each unit in place (names unchanged); identical blocks share one compiled graph.
+
+    A unit holding a module of ``eager`` instead has its largest submodules that hold none compiled, each as one
+    graph, and runs the rest eagerly: expert-parallel experts read their all-to-all sizes from the routing on the
+    host and send tokens with an in-place collective, neither of which a graph can hold (torchtitan compiles its
+    MoE blocks the same way).
+    """
+    eager_ids = {id(m) for m in eager}
     for _, _, unit in _require_units(model, units, "parallel.compile"):
-        unit.compile(fullgraph=True)
+        _compile_around(unit, eager_ids)
+
+
+def _compile_around(module: nn.Module, eager_ids: set[int]) -> None:
+    if id(module) in eager_ids:
+        return
+    if not any(id(m) in eager_ids for m in module.modules()):
+        # torch.compile finds no frame to trace in a bare torch.nn module (a norm or a linear layer on its own):
+        # those stay eager, every module of the model's own is one graph.
+        if not type(module).__module__.startswith("torch.nn."):
+            module.compile(fullgraph=True)
+        return
+    for child in module.children():
+        _compile_around(child, eager_ids)
 
 
 # ---- data parallel -----------------------------------------------------------------------------------------
@@ -249,7 +263,7 @@ def parallelize(
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, units)
+        apply_compile(model, units, eager=expert_modules(model) if cfg.ep > 1 else ())
     if uses_fsdp:
         apply_fsdp(model, units, mesh, cfg, forward_methods)
     if _on_meta(model):

@@ -34,7 +34,7 @@ from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_
 from longboat.distributed.pipeline_tied import TiedWeights
 from longboat.distributed.pipeline_tp import apply_output_tensor_parallel, apply_stage_tensor_parallel, check_plan
 from longboat.models.registry import PipelineSplit
-from longboat.trainer.trainer import LossOutput, StagedLoss
+from longboat.trainer.loss import LossOutput, StagedLoss
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
@@ -269,7 +269,7 @@ def build_pipeline(
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, units)
+        apply_compile(model, units, eager=expert_modules(model) if mesh.ep is not None else ())
     if len(stage_ids) == 1:
         views = [model]
     else:

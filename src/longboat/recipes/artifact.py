@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
-from longboat.checkpoint.dcp import COMPLETE_MARKER, CheckpointManager, load_model_weights, load_task_state
+from longboat.checkpoint.integrity import COMPLETE_MARKER
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
 from longboat.models import ModelSpec, get_model, hf_spec
@@ -69,12 +69,12 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
     if (path / EXPORT_CONFIG).is_file():
         return _open_export(path)
     run_export = path / "export" / EXPORT_CONFIG
-    if run_export.is_file() and not (prefer_checkpoint and CheckpointManager(path / "checkpoints").latest()):
+    if run_export.is_file() and not (prefer_checkpoint and _latest_checkpoint(path / "checkpoints")):
         return _open_export(path / "export")
     if (path / COMPLETE_MARKER).is_file():  # run_dir/checkpoints/step_N
         return _open_checkpoint(path.parent.parent, path)
     if (path / "config.yaml").is_file():
-        checkpoint = CheckpointManager(path / "checkpoints").latest()
+        checkpoint = _latest_checkpoint(path / "checkpoints")
         if checkpoint is None:
             raise ConfigError(f"{path}: run directory has neither an export nor a complete checkpoint")
         return _open_checkpoint(path, checkpoint)
@@ -82,6 +82,13 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
         return _open_hf(path)
     raise ConfigError(f"{path}: expected an export ({EXPORT_CONFIG}), a run directory, a checkpoint or a Hugging "
                       f"Face checkpoint ({HF_CONFIG})")
+
+
+def _latest_checkpoint(checkpoints: Path) -> Path | None:
+    # torch.distributed.checkpoint loads only when a checkpoint is looked for: opening an export needs none of it.
+    from longboat.checkpoint.dcp import CheckpointManager
+
+    return CheckpointManager(checkpoints).latest()
 
 
 def _open_export(path: Path) -> Artifact:
@@ -104,6 +111,8 @@ def _open_hf(path: Path) -> Artifact:
 
 
 def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:
+    from longboat.checkpoint.dcp import load_model_weights, load_task_state
+
     resolved = load_run_dir_config(run_dir)
     lora = resolved.cfg.lora
     model = resolved.spec.build(resolved.model)

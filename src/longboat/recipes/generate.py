@@ -7,7 +7,6 @@ Generation stops at any of the model's stop ids: the tokenizer's eos, the ``eos_
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from longboat.data.chat import ChatTemplate, ChatTemplateError
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
+from longboat.recipes.sampling import check_sampling
 from longboat.utils.json_files import read_json_object
 
 GENERATION_CONFIG = "generation_config.json"
@@ -115,26 +115,6 @@ def parse_messages(arg: str) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{where}: expected a JSON list of messages or a file holding one ({e})") from None
     return check_messages(value, where)
-
-
-def check_sampling(
-    max_new_tokens: int = 128,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    num_samples: int = 1,
-) -> None:
-    """Refuse sampling settings outside their range, before any model is loaded."""
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ConfigError(f"temperature must be 0 (greedy) or positive, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ConfigError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
-    if num_samples < 1:
-        raise ConfigError(f"num_samples must be at least 1, got {num_samples}")
 
 
 def generate_text(

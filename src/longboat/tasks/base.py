@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from longboat.config.base import ConfigError, StrictModel
 from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.optim import ParamGroup
-from longboat.trainer.trainer import LossFn
+from longboat.trainer.loss import LossFn
 
 
 @dataclass

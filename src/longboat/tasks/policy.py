@@ -28,7 +28,7 @@ from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
 from longboat.tasks.policy_data import PolicyWindows, PromptTokens, delta_timestamps, observation_keys
 from longboat.tasks.pretrain import tokenizer_assets
 from longboat.trainer.optim import ParamGroup
-from longboat.trainer.trainer import LossFn, LossOutput, unwrap
+from longboat.trainer.loss import LossFn, LossOutput, unwrap
 from longboat.utils.logging import console
 
 POLICY_SPEC = "policy.json"

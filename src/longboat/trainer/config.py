@@ -7,9 +7,14 @@ from typing import Literal
 from pydantic import Field
 
 from longboat.config.base import StrictModel
-from longboat.trainer.ema import EMAConfig
 from longboat.trainer.optim import OptimizerConfig
 from longboat.trainer.schedule import ScheduleConfig
+
+
+class EMAConfig(StrictModel):
+    decay: float = Field(default=0.999, ge=0, lt=1)
+    every: int = Field(default=1, gt=0, description="update every k optimizer steps")
+    warmup_steps: int = Field(default=0, ge=0, description="before this step the average copies the weights")
 
 
 class TrainerConfig(StrictModel):

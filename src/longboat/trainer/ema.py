@@ -11,18 +11,11 @@ import contextlib
 from typing import Iterator
 
 import torch
-from pydantic import Field
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from longboat.config.base import StrictModel
-from longboat.distributed.parallelize import plain_name
-
-
-class EMAConfig(StrictModel):
-    decay: float = Field(default=0.999, ge=0, lt=1)
-    every: int = Field(default=1, gt=0, description="update every k optimizer steps")
-    warmup_steps: int = Field(default=0, ge=0, description="before this step the average copies the weights")
+from longboat.distributed.names import plain_name
+from longboat.trainer.config import EMAConfig
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from pydantic import Field
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel
-from longboat.distributed.parallelize import plain_name
+from longboat.distributed.names import plain_name
 
 
 class OptimizerConfig(StrictModel):

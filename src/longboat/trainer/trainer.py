@@ -16,7 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
 from longboat.trainer.grad_norm import clip_grad_norm
 from longboat.trainer.hooks import TrainerHooks
+from longboat.trainer.loss import LossFn, LossOutput, StagedLoss, unwrap  # noqa: F401  (the trainer's API)
 from longboat.trainer.metrics import MetricsWriter
 from longboat.trainer.mfu import cpu_bf16_is_slow, peak_flops
 from longboat.trainer.optim import ParamGroup, build_optimizer
@@ -41,28 +42,6 @@ from longboat.utils.logging import console, rank
 
 class TrainingError(LongboatError, RuntimeError):
     """Training cannot go on (e.g. the loss keeps diverging)."""
-
-
-@dataclass
-class LossOutput:
-    loss_sum: torch.Tensor  # sum of per-item losses in the micro-batch
-    count: torch.Tensor | int  # items the sum is over (non-ignored tokens, samples, ...)
-    units: int  # inputs processed, for throughput (tokens for LMs, samples for policies)
-    metrics: dict[str, float] | None = None  # extra floats to log, averaged over the step's micro-batches (all ranks')
-
-
-class LossFn(Protocol):
-    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput: ...
-
-
-class StagedLoss(LossFn, Protocol):
-    """A loss a pipeline can split between its stages: the model's inputs (every stage gets the keyword ones),
-    the loss on the last stage's output, and the part that the auxiliary losses of a model's layers add (MoE
-    routers: ``moe_aux()``), which each stage adds for its own layers."""
-
-    def model_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[tuple, dict]: ...
-    def output_loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput: ...
-    def aux_loss(self, aux: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> LossOutput: ...
 
 
 class Pipeline(Protocol):
@@ -94,11 +73,6 @@ class FitResult:
 
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DistributedDataParallel wrapper (FSDP2 keeps the model's own class)."""
-    return getattr(model, "module", model)
 
 
 class Trainer:

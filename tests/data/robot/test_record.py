@@ -78,6 +78,15 @@ def test_fetch_experts_succeed(tmp_path):
     assert all(last)
 
 
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt here and in the commands started here, even when the tests were started in
+    the background, which ignores SIGINT (and so would every process started from it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _run_cli(out):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen([sys.executable, "-m", "longboat", "data", "record", "--env", "fetch:pick_and_place",
@@ -86,7 +95,7 @@ def _run_cli(out):
 
 
 @pytest.mark.slow
-def test_ctrl_c_keeps_the_saved_episodes(tmp_path):
+def test_ctrl_c_keeps_the_saved_episodes(tmp_path, ctrl_c):
     out = tmp_path / "demo"
     proc = _run_cli(out)
     deadline = time.time() + 120
@@ -127,7 +136,7 @@ def interrupted_sim():
 
 
 @pytest.mark.parametrize("at", [0, 3])
-def test_ctrl_c_mid_episode(tmp_path, interrupted_sim, at):
+def test_ctrl_c_mid_episode(tmp_path, interrupted_sim, at, ctrl_c):
     """Ctrl-C in episode ``at`` keeps exactly the ``at`` episodes before it, or leaves nothing."""
     interrupted_sim.at = at
     with pytest.raises(KeyboardInterrupt):

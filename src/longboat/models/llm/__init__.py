@@ -4,9 +4,16 @@ from longboat.models.llm.cache import KVCache
 from longboat.models.llm.config import DecoderConfig, RopeScaling
 from longboat.models.llm.hf_interop import DecoderHF
 from longboat.models.llm.model import Decoder
-from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
 from longboat.models.llm.pipeline_split import decoder_pipeline_split
 from longboat.models.registry import ModelSpec, register_model
+
+
+def _tensor_parallel_plan(cfg: DecoderConfig, tp: int) -> dict:
+    # DTensor's parallel styles load with the plan, on first use: a run without tp > 1 never pays for them.
+    from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
+
+    return checked_tensor_parallel_plan(cfg, tp)
+
 
 DECODER = register_model(ModelSpec(
     name="decoder",
@@ -14,7 +21,7 @@ DECODER = register_model(ModelSpec(
     module=Decoder,
     presets="longboat.models.llm",
     parallel_units=("layers",),
-    tensor_parallel=checked_tensor_parallel_plan,
+    tensor_parallel=_tensor_parallel_plan,
     hf=DecoderHF(),
     pipeline=decoder_pipeline_split,
 ))
