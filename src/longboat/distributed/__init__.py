@@ -4,7 +4,7 @@ Names load on first use: a config module imports ``longboat.distributed.config``
 mesh and DTensor (which import most of torch.distributed and the compiler) before it has validated anything.
 """
 
-from importlib import import_module
+from longboat.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "ParallelConfig": "config",
@@ -20,10 +20,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -4,19 +4,11 @@ from longboat.data.robot.record import fetch_env, metaworld_env, pusht_env  # no
 from longboat.data.robot.record.env import SimEnv
 from longboat.data.robot.record.errors import RecordError
 from longboat.data.robot.record.registry import known_envs, make_env, register_simulator
+from longboat.utils.lazy import lazy_exports
 
-_RECORDER = ("EnvResult", "RecordResult", "record")
-
-
-def __getattr__(name: str):
-    # The recorder (parquet and video writers) loads on first use: an evaluation's env worker imports this package
-    # for the simulators alone and would pay for pyarrow and av at every start.
-    if name in _RECORDER:
-        from longboat.data.robot.record import recorder
-
-        return getattr(recorder, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+# The recorder (parquet and video writers) loads on first use: an evaluation's env worker imports this package for
+# the simulators alone and would pay for pyarrow and av at every start.
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("EnvResult", "RecordResult", "record"), "recorder"))
 
 __all__ = ["EnvResult", "RecordError", "RecordResult", "SimEnv", "known_envs", "make_env", "record",
            "register_simulator"]
