@@ -7,6 +7,7 @@ current state; a parquet image camera (cheap to decode) shows a pattern that mov
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -18,14 +19,19 @@ IMAGE = (12, 16)  # height, width
 TASKS = ("reach the target", "push the block")
 
 
-def features(camera: bool, camera_key: str = "observation.images.top", image: tuple[int, int] = IMAGE) -> dict:
+def _camera_keys(camera_key: str | Sequence[str]) -> tuple[str, ...]:
+    return (camera_key,) if isinstance(camera_key, str) else tuple(camera_key)
+
+
+def features(camera: bool, camera_key: str | Sequence[str] = "observation.images.top",
+             image: tuple[int, int] = IMAGE) -> dict:
     out = {
         "observation.state": {"dtype": "float32", "shape": [STATE], "names": None},
         "action": {"dtype": "float32", "shape": [ACTION], "names": ["dx", "dy"]},
     }
     if camera:
-        out[camera_key] = {"dtype": "image", "shape": [*image, 3],
-                                         "names": ["height", "width", "channels"]}
+        for key in _camera_keys(camera_key):
+            out[key] = {"dtype": "image", "shape": [*image, 3], "names": ["height", "width", "channels"]}
     return out
 
 
@@ -43,13 +49,16 @@ def image_at(episode: int, t: int, image: tuple[int, int] = IMAGE) -> np.ndarray
 
 
 def write_policy_dataset(root: str | Path, episodes: int = 6, length: int = 20, camera: bool = True,
-                         camera_key: str = "observation.images.top", image: tuple[int, int] = IMAGE) -> Path:
+                         camera_key: str | Sequence[str] = "observation.images.top",
+                         image: tuple[int, int] = IMAGE) -> Path:
+    """``camera_key``: one camera, or several showing the same pattern."""
     with RobotDatasetWriter(root, FPS, features(camera, camera_key, image), robot_type="toy_arm") as writer:
         for ep in range(episodes):
             for t in range(length):
                 frame = {"observation.state": state_at(ep, t), "action": state_at(ep, t + 1)[:ACTION]}
                 if camera:
-                    frame[camera_key] = image_at(ep, t, image)
+                    for key in _camera_keys(camera_key):
+                        frame[key] = image_at(ep, t, image)
                 writer.add_frame(frame, task=TASKS[ep % 2])
             writer.save_episode()
     return Path(root)

@@ -189,10 +189,10 @@ def test_a_prompt_tokenizer_larger_than_the_backbone_vocabulary_fails_in_one_lin
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "policy").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_policy_config_loads(dataset, tmp_path, path):
     data = yaml.safe_load(path.read_text())["data"]
-    if data.get("cameras"):  # a recipe naming its camera gets a dataset with that camera, 64 px or 8 more than its crop
+    if data.get("cameras"):  # a recipe naming cameras gets a dataset with those, 64 px or 8 more than its crop
         crops = [max(t["size"]) for t in data.get("transforms", []) if t["type"] in ("random_crop", "center_crop")]
         side = max([64, *(c + 8 for c in crops)])
-        dataset = write_policy_dataset(tmp_path / "ds", episodes=2, length=20, camera_key=data["cameras"][0],
+        dataset = write_policy_dataset(tmp_path / "ds", episodes=2, length=20, camera_key=data["cameras"],
                                        image=(side, side))
     resolved = load_run_config(path, [f"data.path={dataset}"])
     assert resolved.cfg.task == "policy" and resolved.model.action_dim == ACTION
