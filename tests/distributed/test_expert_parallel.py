@@ -1,7 +1,7 @@
 """Expert parallel against one process: Qwen3-MoE- and DeepSeek-V3-style decoders trained with the real Trainer
-on gloo ranks (ep 2, also compiled; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient norms, end at its
-weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in one process.
-The Switch aux loss is per micro-batch, so the Qwen3-MoE reference accumulates two half batches, as
+on gloo ranks (ep 2, also compiled; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient
+norms, end at its weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in
+one process. The Switch aux loss is per micro-batch, so the Qwen3-MoE reference accumulates two half batches, as
 test_tp_moe.py does."""
 
 import pytest
