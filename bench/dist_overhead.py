@@ -38,7 +38,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     from torch.utils.data import Dataset
 
-    from longboat.distributed import ParallelConfig, build_mesh, init_runtime, parallelize, shutdown
+    from longboat.distributed import ParallelConfig, build_mesh, init_runtime, shutdown
+    from longboat.distributed.parallelize import parallelize
     from longboat.models import build_model
     from longboat.tasks.lm_loss import make_lm_loss
     from longboat.trainer.config import CheckpointConfig, TrainerConfig

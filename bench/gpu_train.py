@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from longboat.distributed import ParallelConfig, build_mesh, init_runtime, parallelize, shutdown
+from longboat.distributed import ParallelConfig, build_mesh, init_runtime, shutdown
+from longboat.distributed.parallelize import parallelize
 from longboat.models.llm import DECODER, DecoderConfig, load_preset
 from longboat.tasks.lm_loss import make_lm_loss
 from longboat.trainer.config import CheckpointConfig, TrainerConfig

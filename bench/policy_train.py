@@ -99,7 +99,8 @@ class Materialised:
 def trainer_for(resolved, data, train, dp=None, model=None, mesh=None):
     import torch
 
-    from longboat.distributed import ParallelConfig, parallelize
+    from longboat.distributed import ParallelConfig
+    from longboat.distributed.parallelize import parallelize
     from longboat.trainer.config import CheckpointConfig
     from longboat.trainer.trainer import Trainer
 

@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset
 
-from longboat.distributed import ParallelConfig, parallelize
+from longboat.distributed import ParallelConfig
+from longboat.distributed.parallelize import parallelize
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.hf import get_hf_adapter
 from longboat.tasks.lm_loss import make_lm_loss

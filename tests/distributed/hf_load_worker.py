@@ -15,7 +15,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 import longboat.models.llm.hf.stream as stream
-from longboat.distributed import ParallelConfig, build_mesh, parallelize
+from longboat.distributed import ParallelConfig, build_mesh
+from longboat.distributed.parallelize import parallelize
 from longboat.distributed.rank0_weights import load_from_rank0
 from longboat.models import get_model
 from longboat.models.llm.hf import hf_model_config

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
+from longboat.distributed import ParallelConfig, ParallelMesh, resolve_dims
+from longboat.distributed.parallelize import parallelize
 from longboat.recipes.config import resolve
 from longboat.trainer.config import CheckpointConfig
 from longboat.trainer.optim import freeze_outside

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from longboat.config.base import ConfigError
-from longboat.distributed import ParallelConfig, parallelize
+from longboat.distributed import ParallelConfig
+from longboat.distributed.parallelize import parallelize
 from longboat.distributed.parallelize import plan_entry_matches
 from longboat.models import build_model
 from longboat.models.llm.parallel_plan import tensor_parallel_plan

@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, default_collate
 
-from longboat.distributed import ParallelConfig, ParallelMesh, parallelize, resolve_dims
+from longboat.distributed import ParallelConfig, ParallelMesh, resolve_dims
+from longboat.distributed.parallelize import parallelize
 from longboat.distributed.names import plain_name
 from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.models import build_model
@@ -146,6 +147,9 @@ CASES = {
     "pp_tp_deepseek": Case("deepseek", {"pp": 2, "tp": 2}, grad_accum=2),
     # pipeline × expert parallel: each stage's experts split over its 2 data-parallel ranks
     "pp_ep_qwen3moe": Case("qwen3moe", {"pp": 2, "ep": 2}, grad_accum=2),
+    # and compiled: each stage's blocks compiled around their experts, recomputed whole (full AC)
+    "pp_ep_compile_qwen3moe": Case("qwen3moe", {"pp": 2, "ep": 2, "compile": True, "activation_checkpointing": "full"},
+                                   grad_accum=2),
     "single_qwen3moe_accum_4": Case("qwen3moe", grad_accum=4),  # pp_ep_qwen3moe's 2 × 2 one-sample micro-batches
     "single_4_from_pp_tp": Case("untied_4", resume_from=f"pp_interleaved_tp/checkpoints/step_{SAVE_AT:08d}"),
     # tied embeddings under pipeline parallel: the last stage holds a copy of the first stage's table

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch._inductor.config
 
-from longboat.distributed import ParallelConfig, parallelize
+from longboat.distributed import ParallelConfig
+from longboat.distributed.parallelize import parallelize
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.moe import MoE
 from longboat.tasks.lm_loss import make_lm_loss

@@ -1,4 +1,5 @@
-"""torch.distributed for longboat: the runtime (process group), the device mesh and ``parallelize``.
+"""torch.distributed for longboat: the runtime (process group) and the device mesh; ``parallelize`` lives in
+``longboat.distributed.parallelize``.
 
 Names load on first use: a config module imports ``longboat.distributed.config`` without paying for the device
 mesh and DTensor (which import most of torch.distributed and the compiler) before it has validated anything.
@@ -12,7 +13,6 @@ _EXPORTS = {
     "ParallelMesh": "mesh",
     "build_mesh": "mesh",
     "resolve_dims": "mesh",
-    "parallelize": "parallelize",
     "Runtime": "runtime",
     "init_runtime": "runtime",
     "launched_world_size": "runtime",

@@ -17,8 +17,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from longboat.checkpoint.export import save_export
 from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILES
-from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, parallelize
-from longboat.distributed import shutdown
+from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, shutdown
+from longboat.distributed.parallelize import parallelize
 from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.distributed.rank0_weights import load_from_rank0
 from longboat.models.lora import apply_lora
