@@ -29,7 +29,7 @@ TWO_RANKS = ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single", "pp_tied
 REFERENCES = ["single_4", "single_tied_4", "single_qwen3moe_accum", "single_deepseek_accum",
               "single_deepseek_4_accum", "single_qwen3moe_accum_4"]
 FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek", "pp_interleaved_tp", "pp_tp_deepseek",
-              "pp_ep_qwen3moe", "pp_fsdp_tied", "pp_tp_tied", "pp4_tied"]
+              "pp_ep_qwen3moe", "pp_ep_compile_qwen3moe", "pp_fsdp_tied", "pp_tp_tied", "pp4_tied"]
 
 
 def test_even_split_gives_earlier_stages_the_remainder():
@@ -231,7 +231,9 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("pp_runs")
     port2, port4 = free_ports(2)
     threads = torch.get_num_threads()
-    four = start(torchrun(4, port4, str(WORKER), str(out), *FOUR_RANKS), out / "four.log")
+    # The compiled case runs its graphs through AOT autograd, as tests/distributed/test_expert_parallel.py explains.
+    four = start(torchrun(4, port4, str(WORKER), str(out), *FOUR_RANKS), out / "four.log",
+                 env={"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"})
     try:
         run_case(out, "single_qk")  # saves the checkpoint pp_from_single starts from
         run_case(out, "single")  # and the one pp_tied_from_single starts from
@@ -272,7 +274,7 @@ def test_pipeline_training_matches_one_process(runs, case, ref):
     ("pp_tp_deepseek", "single_deepseek_accum"),  # latent attention's heads and the shared expert split over tp 2
     # each stage's experts split over its 2 data-parallel ranks; the logged moe_* metrics average the micro-batches
     # of both, as one process averages its four
-    ("pp_ep_qwen3moe", "single_qwen3moe_accum_4"),
+    ("pp_ep_qwen3moe", "single_qwen3moe_accum_4"), ("pp_ep_compile_qwen3moe", "single_qwen3moe_accum_4"),
 ])
 def test_moe_pipeline_training_matches_one_process(runs, case, ref):
     """Losses (aux losses of every stage included), gradient norms, final weights and expert biases, and the load
