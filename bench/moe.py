@@ -9,6 +9,9 @@ that load from other processes hits them alike.
 
     python bench/moe.py                      # d_model 1024, 16 experts, top-2, ffn 512, 4096 tokens
     python bench/moe.py --tokens 1024 --repeats 3 --dtypes float32
+    python bench/moe.py --shape qwen3-30b-a3b --tokens 16384   # one layer of Qwen3-30B-A3B, on a GPU
+
+Runs on CUDA when it is there (``--device`` to choose), timing with a device sync after each backward.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 from longboat.models.moe import GroupedExperts, MoE, MoEConfig, split_gate_up
 
 HF_EAGER, HF_GROUPED = "transformers (eager)", "transformers (grouped_mm)"
+# Published MoE layers: (d_model, experts, top-k, expert ffn).
+SHAPES = {"qwen3-30b-a3b": (2048, 128, 8, 768), "deepseek-v3": (7168, 256, 8, 2048)}
 
 
 class HalvesExperts(GroupedExperts):
@@ -69,9 +74,12 @@ def fwd_bwd_seconds(module: nn.Module, x: Tensor, grad: Tensor) -> float:
     """One forward+backward; longboat's aux dict is dropped (its loss is zero with aux_loss='none')."""
     module.zero_grad(set_to_none=True)
     x = x.detach().requires_grad_()
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
     start = time.perf_counter()
     out = module(x)
     (out[0] if isinstance(out, tuple) else out).backward(grad)
+    sync()
     return time.perf_counter() - start
 
 
@@ -96,15 +104,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="a published model's layer (sets the four sizes)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; d_model {args.d_model}, "
+    if args.shape:
+        args.d_model, args.experts, args.top_k, args.ffn = SHAPES[args.shape]
+    device = torch.device(args.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}; d_model {args.d_model}, "
           f"{args.experts} experts, top-{args.top_k}, ffn {args.ffn}, {args.tokens} tokens, forward+backward, "
           f"median of {args.repeats}")
 
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        variants = build_variants(args, dtype)
-        x = torch.randn(1, args.tokens, args.d_model, dtype=dtype)
+        variants = {name: module.to(device) for name, module in build_variants(args, dtype).items()}
+        x = torch.randn(1, args.tokens, args.d_model, dtype=dtype, device=device)
         grad = torch.randn_like(x)
         check_same_outputs(variants, x, dtype)
         times: dict[str, list[float]] = {name: [] for name in variants}

@@ -16,6 +16,7 @@ from torch import nn
 
 from longboat.config.base import ConfigError, validate
 from longboat.models.moe import GroupedExperts, MoE, MoEConfig, Routing, fuse_gate_up, split_gate_up
+from longboat.models.moe.permute import invert_permutation, permute_rows
 
 D, FFN = 64, 32
 
@@ -231,6 +232,26 @@ def test_experts_match_reference_loop_forward_and_backward(impl, dtype):
     for (name, p), p_ref in zip(layer.named_parameters(), ref.parameters()):
         scale = p_ref.grad.abs().max().item()
         torch.testing.assert_close(p.grad / scale, p_ref.grad / scale, **tol, msg=name)
+
+
+@pytest.mark.parametrize("copies", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_permute_rows_equals_indexing_forward_and_backward(copies, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(10, 6, dtype=dtype)
+    order = torch.randperm(10 * copies)
+    inverse = invert_permutation(order)
+    assert torch.equal(order[inverse], torch.arange(10 * copies))
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = permute_rows(xa, order, inverse, copies), xb[order // copies]
+    assert torch.equal(ya, yb)
+    assert torch.equal(permute_rows(ya, inverse, order), xb.repeat_interleave(copies, 0))  # and back
+    grad = torch.randn_like(ya)
+    ya.backward(grad)
+    yb.backward(grad)
+    # Each row's copies are summed in another order than the scatter-add's, and bf16 rounds once, not per add.
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(xa.grad, xb.grad, **tol)
 
 
 def test_topk_norm_min_bounds_the_normaliser():

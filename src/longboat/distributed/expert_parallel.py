@@ -31,7 +31,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from longboat.config.base import ConfigError
 from longboat.models.moe.experts import GroupedExperts
-from longboat.models.moe.layer import invert_permutation
+from longboat.models.moe.permute import invert_permutation, permute_rows
 
 
 def expert_modules(model: nn.Module) -> list[GroupedExperts]:
@@ -95,7 +95,7 @@ def _local_weights(module: nn.Module, ep: int) -> Iterator[None]:
             module.__dict__.pop(name, None)
 
 
-def dispatch_and_combine(forward: Callable[[Tensor, Tensor], Tensor], x: Tensor, counts: Tensor,
+def dispatch_and_combine(forward: Callable[..., Tensor], x: Tensor, counts: Tensor,
                          group: dist.ProcessGroup, ep: int) -> Tensor:
     """Run ``forward`` (the local experts) on the rows of ``x`` [S, d] routed to them from every rank of ``group``.
 
@@ -111,7 +111,9 @@ def dispatch_and_combine(forward: Callable[[Tensor, Tensor], Tensor], x: Tensor,
     n_kept = sum(send_splits)
     rows = all_to_all_single_autograd(x[:n_kept].contiguous(), recv_splits, send_splits, group)
     order = expert_major_order(received)
-    y = forward(rows[order], received.sum(0))[invert_permutation(order)]
+    inverse = invert_permutation(order)
+    # Every received row belongs to a local expert: the experts need not zero a tail.
+    y = permute_rows(forward(permute_rows(rows, order, inverse), received.sum(0), dropless=True), inverse, order)
     back = all_to_all_single_autograd(y.contiguous(), send_splits, recv_splits, group)
     return torch.cat([back, back.new_zeros(x.shape[0] - n_kept, back.shape[1])])
 
@@ -131,7 +133,8 @@ class ExpertParallel(ParallelStyle):
         module.n_experts //= ep
         local_forward = module.forward
 
-        def forward(x: Tensor, counts: Tensor) -> Tensor:
+        def forward(x: Tensor, counts: Tensor, dropless: bool = False) -> Tensor:
+            # The rows this rank keeps are sent whole (dropped ones come back as zeros), so dropless changes nothing.
             with _local_weights(module, ep):
                 return dispatch_and_combine(local_forward, x, counts, device_mesh.get_group(), ep)
 

@@ -60,7 +60,8 @@ class GroupedExperts(nn.Module):
     """E SwiGLU experts: w13 (gate and up, rows interleaved) [E, 2·ffn, d], w2 (down) [E, d, ffn].
 
     Input rows arrive sorted by expert: rows [offs[e-1], offs[e]) belong to expert e, where
-    offs = cumsum(counts). Rows past the last group (dropped token copies) come out as zeros.
+    offs = cumsum(counts). Rows past the last group (dropped token copies) come out as zeros; a caller that drops
+    nothing says so (``dropless=True``) and saves the two passes that zero them.
     """
 
     def __init__(self, n_experts: int, d_model: int, ffn_dim: int, impl: str = "auto") -> None:
@@ -74,25 +75,25 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w13, std=std)  # gate and up alike, as two separate weights would be
         nn.init.normal_(self.w2, std=out_std)
 
-    def forward(self, x: Tensor, counts: Tensor) -> Tensor:
-        """x [S, d] sorted by expert, counts [E] rows per expert (sum <= S) -> [S, d]."""
+    def forward(self, x: Tensor, counts: Tensor, dropless: bool = False) -> Tensor:
+        """x [S, d] sorted by expert, counts [E] rows per expert (sum <= S; == S when dropless) -> [S, d]."""
         impl = self._choose_impl(x, counts) if self.impl == "auto" else self.impl
-        return self._grouped(x, counts) if impl == "grouped_mm" else self._padded(x, counts)
+        return self._grouped(x, counts, dropless) if impl == "grouped_mm" else self._padded(x, counts)
 
     def _choose_impl(self, x: Tensor, counts: Tensor) -> str:
         # grouped_mm measured 4-10% faster than the padded bmm on CPU (bench/moe.py, idle machine) and
         # avoids padding entirely; the padded path serves the operands grouped_mm refuses.
         return "grouped_mm" if grouped_mm_supported(x, self.w13, self.w2) else "padded"
 
-    def _grouped(self, x: Tensor, counts: Tensor) -> Tensor:
+    def _grouped(self, x: Tensor, counts: Tensor, dropless: bool) -> Tensor:
         offs = counts.cumsum(0).to(torch.int32)
+        if dropless:
+            h = self._glu(F.grouped_mm(x, self.w13.transpose(-2, -1), offs=offs))
+            return F.grouped_mm(h, self.w2.transpose(-2, -1), offs=offs)
         # grouped_mm leaves rows past offs[-1] uninitialised in its output and its input gradient;
         # zeroing them on both sides keeps that garbage out of the result and out of x.grad.
         tail = (torch.arange(x.shape[0], device=x.device) >= offs[-1]).unsqueeze(-1)
-        x = x.masked_fill(tail, 0)
-        h = self._glu(F.grouped_mm(x, self.w13.transpose(-2, -1), offs=offs))
-        y = F.grouped_mm(h, self.w2.transpose(-2, -1), offs=offs)
-        return y.masked_fill(tail, 0)
+        return self._grouped(x.masked_fill(tail, 0), counts, dropless=True).masked_fill(tail, 0)
 
     def _padded(self, x: Tensor, counts: Tensor) -> Tensor:
         """Gather rows into an [E, max_count, d] buffer (zero-padded) and run two batched matmuls."""

@@ -11,17 +11,13 @@ from torch import Tensor, nn
 from longboat.models.moe.config import MoEConfig
 from longboat.models.moe.experts import GroupedExperts, SwiGLU
 from longboat.models.moe.losses import router_z_loss, sequence_balance_loss, switch_balance_loss, token_fractions
+from longboat.models.moe.permute import invert_permutation, permute_rows
 from longboat.models.moe.router import Router, Routing
 
 
 def count_per_expert(ids: Tensor, n: int) -> Tensor:
     """Histogram of integer ids in [0, n) without a host sync (unlike bincount on CUDA)."""
     return torch.zeros(n, dtype=torch.long, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
-
-
-def invert_permutation(order: Tensor) -> Tensor:
-    """inverse[order[i]] = i."""
-    return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
 class MoE(nn.Module):
@@ -95,11 +91,12 @@ class MoE(nn.Module):
             rank = invert_permutation(torch.argsort(expert, stable=True)) - starts[expert]
             expert = torch.where(rank < capacity, expert, n_exp)
         order = torch.argsort(expert, stable=True)
+        inverse = invert_permutation(order)
         kept = count_per_expert(expert, n_exp + 1)[:n_exp]
 
-        y = self.experts(x[order // top_k], kept)
+        y = self.experts(permute_rows(x, order, inverse, top_k), kept, dropless=capacity is None)
         # Back to (token, choice) order, then a fixed-order fp32 sum over the k choices.
-        y = y[invert_permutation(order)].view(n_tokens, top_k, -1).float() * routing.weights.unsqueeze(-1)
+        y = permute_rows(y, inverse, order).view(n_tokens, top_k, -1).float() * routing.weights.unsqueeze(-1)
         return y.sum(dim=1).to(x.dtype), load, kept
 
     def _aux(self, routing: Routing, load: Tensor, kept: Tensor, n_seqs: int) -> dict[str, Tensor]:
