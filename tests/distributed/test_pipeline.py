@@ -12,9 +12,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 from longboat.cli.main import main
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelConfig, resolve_dims
-from longboat.distributed.pipeline import (
-    StageLayers, _keep, _materialize_stages, check_microbatches, stage_layer_counts,
-)
+from longboat.distributed.layout_checks import check_microbatches, stage_layer_counts
+from longboat.distributed.pipeline import StageLayers, _keep, _materialize_stages
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.distributed.pipeline_tp import check_plan
 from longboat.models import build_model, get_model

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from rich.markup import escape
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -35,23 +33,21 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from safetensors.torch import load_file, save_file
 
+from longboat.checkpoint.catalog import complete_checkpoints, latest_checkpoint
 from longboat.checkpoint.errors import CheckpointError
 from longboat.checkpoint.integrity import (
     COMPLETE_MARKER,
     MANIFEST,
-    checkpoint_problem,
     file_sizes,
     read_manifest,
     verify_checkpoint,
 )
 from longboat.checkpoint.safe_dcp import load_dcp
-from longboat.utils.logging import console
 from longboat.utils.seeding import rng_state, set_rng_state
 
 # DCP warns on every single-process save/load; a single process is a supported, intended case here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 TASK_STATE = "task_state.safetensors"
 CHECKPOINT_FORMAT_VERSION = 2
 _FORMAT_1_CONTENTS = ("train", "scheduler", "trainer")
@@ -96,32 +92,11 @@ class CheckpointManager:
         self.keep = keep
 
     def complete_checkpoints(self) -> list[Path]:
-        if not self.dir.is_dir():
-            return []
-        found = []
-        for p in self.dir.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and (p / COMPLETE_MARKER).is_file():
-                found.append((int(m.group(1)), p))
-        return [p for _, p in sorted(found)]
+        return complete_checkpoints(self.dir)
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint whose files are as its manifest records.
-
-        A damaged one is passed over with a warning naming it; when every complete checkpoint is damaged, an
-        error (resuming from nothing would silently restart the run).
-        """
-        done = self.complete_checkpoints()
-        for path in reversed(done):
-            problem = checkpoint_problem(path)
-            if problem is None:
-                return path
-            console.print(escape(f"warning: checkpoint {path} is damaged ({problem}); falling back to the "
-                                 "previous complete checkpoint"), style="yellow")
-        if done:
-            raise CheckpointError(f"{done[-1]}: damaged checkpoint: {checkpoint_problem(done[-1])}; "
-                                  f"no complete checkpoint in {self.dir} is intact")
-        return None
+        """The newest intact complete checkpoint (``catalog.latest_checkpoint``)."""
+        return latest_checkpoint(self.dir)
 
     def save(self, step: int, state: dict[str, Any], task_state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write ``state`` (Stateful objects and plain values) as checkpoint ``step``; every rank calls this.

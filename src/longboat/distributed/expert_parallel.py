@@ -29,25 +29,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
-from longboat.config.base import ConfigError
+from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
 from longboat.models.moe.experts import GroupedExperts
 from longboat.models.moe.permute import invert_permutation, permute_rows
-
-
-def expert_modules(model: nn.Module) -> list[GroupedExperts]:
-    return [m for m in model.modules() if isinstance(m, GroupedExperts)]
-
-
-def check_expert_parallel(model: nn.Module, ep: int) -> None:
-    """Raise (on every rank alike, before any collective) unless every expert set splits ``ep`` ways."""
-    if ep == 1:
-        return
-    experts = expert_modules(model)
-    if not experts:
-        raise ConfigError(f"parallel.ep={ep} needs a mixture-of-experts model; {type(model).__name__} has no experts")
-    for module in experts:
-        if module.n_experts % ep:
-            raise ConfigError(f"parallel.ep={ep} must divide the model's n_experts ({module.n_experts})")
 
 
 def expert_major_order(received: Tensor) -> Tensor:

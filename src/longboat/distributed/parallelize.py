@@ -25,7 +25,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
-from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel, expert_modules
+from longboat.distributed.expert_parallel import apply_expert_parallel
+from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
 from longboat.distributed.mesh import ParallelMesh
 from longboat.models.registry import spec_of
 

@@ -27,7 +27,10 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
-from longboat.distributed.expert_parallel import apply_expert_parallel, check_expert_parallel, expert_modules
+from longboat.distributed.expert_parallel import apply_expert_parallel
+from longboat.distributed.layout_checks import (
+    check_expert_parallel, check_microbatches, check_split, expert_modules, stage_layer_counts,
+)
 from longboat.distributed.mesh import ParallelMesh
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, materialize
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
@@ -47,32 +50,6 @@ class StageLayers(nn.ModuleDict):
         return iter(self.values())
 
 
-def stage_layer_counts(n_layers: int, n_stages: int, explicit: Sequence[int] | None = None) -> list[int]:
-    """Layers per stage: ``explicit`` (``parallel.pp_layers``) or an even split in which the first
-    ``n_layers % n_stages`` stages take one layer more (the last stage also runs the head and the loss)."""
-    if explicit is not None:
-        if sum(explicit) != n_layers:
-            raise ConfigError(f"parallel.pp_layers={list(explicit)} sums to {sum(explicit)} layers, but the model "
-                              f"has {n_layers}")
-        return list(explicit)
-    if n_stages > n_layers:
-        raise ConfigError(f"parallel: {n_stages} pipeline stages (pp × pp_virtual_stages) need at least as many "
-                          f"layers, but the model has {n_layers}")
-    base, extra = divmod(n_layers, n_stages)
-    return [base + (i < extra) for i in range(n_stages)]
-
-
-def check_microbatches(cfg: ParallelConfig, n_microbatches: int) -> None:
-    """The schedule's demands on the step's micro-batch count (``train.grad_accum``), before any work."""
-    stages = cfg.pp * cfg.pp_virtual_stages
-    if cfg.pp_schedule == "1f1b" and n_microbatches < stages:
-        raise ConfigError(f"train.grad_accum={n_microbatches}: parallel.pp_schedule=1f1b needs at least one "
-                          f"micro-batch per stage ({stages})")
-    if cfg.pp_schedule == "interleaved_1f1b" and n_microbatches % cfg.pp:
-        raise ConfigError(f"train.grad_accum={n_microbatches}: parallel.pp_schedule=interleaved_1f1b needs a "
-                          f"multiple of parallel.pp={cfg.pp} micro-batches")
-
-
 def _stage_ids(cfg: ParallelConfig, pp_rank: int) -> list[int]:
     return [pp_rank + k * cfg.pp for k in range(cfg.pp_virtual_stages)]
 
@@ -80,18 +57,6 @@ def _stage_ids(cfg: ParallelConfig, pp_rank: int) -> list[int]:
 def _layer_ranges(counts: list[int]) -> list[range]:
     starts = [sum(counts[:i]) for i in range(len(counts))]
     return [range(s, s + n) for s, n in zip(starts, counts)]
-
-
-def _check_split(model: nn.Module, split: PipelineSplit) -> nn.ModuleList:
-    children = dict(model.named_children())
-    for name in (split.layers, *split.first, *split.last):
-        if name not in children:
-            raise ConfigError(f"the pipeline split of {type(model).__name__} names '{name}', which is not one of its "
-                              f"children ({', '.join(children)})")
-    layers = children[split.layers]
-    if not isinstance(layers, nn.ModuleList):
-        raise ConfigError(f"the pipeline split's layers '{split.layers}' of {type(model).__name__} is not a ModuleList")
-    return layers
 
 
 def _keep(model: nn.Module, split: PipelineSplit, layers: dict[str, nn.Module], first: bool, last: bool) -> None:
@@ -246,7 +211,7 @@ def build_pipeline(
         raise ConfigError("build_pipeline needs parallel.pp > 1")
     check_microbatches(cfg, n_microbatches)
     device = torch.device(device)
-    layers = _check_split(model, split)
+    layers = check_split(model, split)
     check_expert_parallel(model, cfg.ep)
     if mesh.tp is not None:
         if tp_plan is None:
@@ -281,12 +246,6 @@ def build_pipeline(
     group = mesh.pp.get_group()
     stages = [PipelineStage(view, s, n_stages, device, group=group) for view, s in zip(views, stage_ids)]
     return model, Pipeline(model, stages, cfg, mesh, loss, n_microbatches, tied)
-
-
-def pipeline_layer_counts(model: nn.Module, split: PipelineSplit, cfg: ParallelConfig) -> list[int]:
-    """The layers of each stage ``cfg`` gives ``model`` (checked; the model may be on the meta device)."""
-    layers = _check_split(model, split)
-    return stage_layer_counts(len(layers), cfg.pp * cfg.pp_virtual_stages, cfg.pp_layers)
 
 
 def gather_full_state(model: nn.Module, mesh: ParallelMesh) -> dict[str, torch.Tensor]:

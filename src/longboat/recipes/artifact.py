@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
+from longboat.checkpoint.catalog import latest_checkpoint
 from longboat.checkpoint.integrity import COMPLETE_MARKER
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
@@ -69,12 +70,12 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
     if (path / EXPORT_CONFIG).is_file():
         return _open_export(path)
     run_export = path / "export" / EXPORT_CONFIG
-    if run_export.is_file() and not (prefer_checkpoint and _latest_checkpoint(path / "checkpoints")):
+    if run_export.is_file() and not (prefer_checkpoint and latest_checkpoint(path / "checkpoints")):
         return _open_export(path / "export")
     if (path / COMPLETE_MARKER).is_file():  # run_dir/checkpoints/step_N
         return _open_checkpoint(path.parent.parent, path)
     if (path / "config.yaml").is_file():
-        checkpoint = _latest_checkpoint(path / "checkpoints")
+        checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is None:
             raise ConfigError(f"{path}: run directory has neither an export nor a complete checkpoint")
         return _open_checkpoint(path, checkpoint)
@@ -84,11 +85,6 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
                       f"Face checkpoint ({HF_CONFIG})")
 
 
-def _latest_checkpoint(checkpoints: Path) -> Path | None:
-    # torch.distributed.checkpoint loads only when a checkpoint is looked for: opening an export needs none of it.
-    from longboat.checkpoint.dcp import CheckpointManager
-
-    return CheckpointManager(checkpoints).latest()
 
 
 def _open_export(path: Path) -> Artifact:

@@ -12,11 +12,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from longboat.checkpoint.dcp import CheckpointManager
+from longboat.checkpoint.catalog import latest_checkpoint
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
-from longboat.distributed.expert_parallel import check_expert_parallel
-from longboat.distributed.pipeline import check_microbatches, pipeline_layer_counts
+from longboat.distributed.layout_checks import check_expert_parallel, check_microbatches, pipeline_layer_counts
 from longboat.models import get_model
 from longboat.models.lora import apply_lora
 from longboat.models.registry import PipelineSplit
@@ -88,7 +87,7 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
     adapters is, and the error names every field that differs, leaving the run directory untouched.
     """
     run_dir = Path(resolved.cfg.run_dir)
-    latest = CheckpointManager(run_dir / "checkpoints").latest()
+    latest = latest_checkpoint(run_dir / "checkpoints")
     saved_path = run_dir / "config.yaml"
     if latest is None or not saved_path.is_file():
         return latest
