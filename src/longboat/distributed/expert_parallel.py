@@ -34,13 +34,14 @@ from longboat.models.moe.experts import GroupedExperts
 from longboat.models.moe.permute import invert_permutation, permute_rows
 
 
-def expert_major_order(received: Tensor) -> Tensor:
+def expert_major_order(received: Tensor, total: int | None = None) -> Tensor:
     """Rows received from ``ep`` ranks arrive source-major: ``received[s, e]`` rows from rank s for local expert e.
     The permutation that puts them expert-major (expert 0's rows from every source, then expert 1's, ...),
     keeping each source's row order."""
     ep, n_local = received.shape
     block = torch.arange(n_local, device=received.device) * ep + torch.arange(ep, device=received.device)[:, None]
-    key = torch.repeat_interleave(block.reshape(-1), received.reshape(-1))
+    # The row count, when the caller knows it, spares repeat_interleave a device sync to find it.
+    key = torch.repeat_interleave(block.reshape(-1), received.reshape(-1), output_size=total)
     return torch.argsort(key, stable=True)
 
 
@@ -89,12 +90,11 @@ def dispatch_and_combine(forward: Callable[..., Tensor], x: Tensor, counts: Tens
     received = torch.empty_like(counts)
     dist.all_to_all_single(received, counts, group=group)
     received = received.view(ep, n_local)
-    # all_to_all_single takes its split sizes as host integers: one device sync per MoE layer.
-    send_splits = counts.view(ep, n_local).sum(1).tolist()
-    recv_splits = received.sum(1).tolist()
+    # all_to_all_single takes its split sizes as host integers: one device sync per MoE layer, for both lists.
+    send_splits, recv_splits = torch.stack([counts.view(ep, n_local).sum(1), received.sum(1)]).tolist()
     n_kept = sum(send_splits)
     rows = all_to_all_single_autograd(x[:n_kept].contiguous(), recv_splits, send_splits, group)
-    order = expert_major_order(received)
+    order = expert_major_order(received, sum(recv_splits))
     inverse = invert_permutation(order)
     # Every received row belongs to a local expert: the experts need not zero a tail.
     y = permute_rows(forward(permute_rows(rows, order, inverse), received.sum(0), dropless=True), inverse, order)
