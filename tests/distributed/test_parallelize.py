@@ -5,14 +5,15 @@ process, and must follow its loss curve and end at its weights, for DDP, FSDP2, 
 when a checkpoint is resumed on another world size or another kind of data parallelism.
 """
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from longboat.config.base import ConfigError
 from longboat.distributed import ParallelConfig
-from longboat.distributed.parallelize import parallelize
-from longboat.distributed.parallelize import plan_entry_matches
+from longboat.distributed.parallelize import parallelize, plan_entry_matches
 from longboat.models import build_model
 from longboat.models.llm.parallel_plan import tensor_parallel_plan
 from longboat.trainer.metrics import read_metrics
@@ -44,6 +45,36 @@ def test_activation_checkpointing_keeps_names_and_gradients(mode, every):
     assert {n.replace("_checkpoint_wrapped_module.", "") for n in grads_w} == grads.keys()
     for name, g in grads_w.items():
         torch.testing.assert_close(g, grads[name.replace("_checkpoint_wrapped_module.", "")])
+
+
+def test_selective_checkpointing_keeps_every_matmul_and_redoes_the_rest():
+    """Backward recomputes the pointwise ops of a block but no matrix product, the experts' grouped ones included."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    def backward_ops(mode: str) -> Counter:
+        torch.manual_seed(0)
+        model = parallelize(build_model("decoder", MODELS["qwen3moe"]), None,
+                            ParallelConfig(activation_checkpointing=mode))
+        logits = model(torch.randint(0, MODELS["qwen3moe"]["vocab_size"], (1, 16)))
+        with Count() as count:
+            logits.float().pow(2).mean().backward()
+        return count.ops
+
+    none, selective = backward_ops("none"), backward_ops("selective")
+    redone = selective - none
+    assert redone["silu"] > 0  # pointwise ops are recomputed...
+    for op in ("mm", "addmm", "bmm", "_grouped_mm"):
+        assert redone[op] == 0, f"{op} recomputed in backward"  # ...the matrix products are not
+    assert none["_grouped_mm"] > 0  # the model does route through grouped matmuls
 
 
 def test_meta_init_allocates_and_initialises():
