@@ -94,21 +94,32 @@ def check_same_outputs(variants: dict[str, nn.Module], x: Tensor, dtype: torch.d
         assert err < tol, f"{name} differs from {HF_GROUPED}: relative error {err:.1e}"
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d-model", type=int, default=1024)
-    parser.add_argument("--experts", type=int, default=16)
-    parser.add_argument("--top-k", type=int, default=2)
-    parser.add_argument("--ffn", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--d-model", type=positive, default=1024)
+    parser.add_argument("--experts", type=positive, default=16)
+    parser.add_argument("--top-k", type=positive, default=2)
+    parser.add_argument("--ffn", type=positive, default=512)
+    parser.add_argument("--tokens", type=positive, default=4096)
+    parser.add_argument("--repeats", type=positive, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--shape", choices=sorted(SHAPES), help="a published model's layer (sets the four sizes)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.shape:
         args.d_model, args.experts, args.top_k, args.ffn = SHAPES[args.shape]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this torch sees no CUDA device")
+    if args.top_k > args.experts:
+        parser.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {where}; d_model {args.d_model}, "
