@@ -28,7 +28,7 @@ class _PermuteRows(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
         (inverse,) = ctx.saved_tensors
         grad = grad[inverse]
-        if ctx.copies > 1:  # copy c of row r sits at c = r * copies + j: sum each row's copies
+        if ctx.copies > 1:  # copy j of row r is number r * copies + j: sum each row's copies
             grad = grad.view(-1, ctx.copies, *grad.shape[1:]).sum(1)
         return grad, None, None, None
 
