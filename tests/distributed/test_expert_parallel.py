@@ -1,8 +1,10 @@
 """Expert parallel against one process: Qwen3-MoE- and DeepSeek-V3-style decoders trained with the real Trainer
-on gloo ranks (ep 2, also compiled; ep 2 × FSDP 2; ep 2 × HSDP) follow the single-process losses and gradient
+on gloo ranks (ep 2, also compiled; ep 2 × FSDP 2; ep 2 × HSDP; ep 2 × tp 2, also compiled) follow the single-process losses and gradient
 norms, end at its weights and expert biases, and compute its gradients; a checkpoint saved under ep 2 resumes in
 one process. The Switch aux loss is per micro-batch, so the Qwen3-MoE reference accumulates two half batches, as
 test_tp_moe.py does."""
+
+import json
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from longboat.recipes.config import load_run_config
 from longboat.recipes.preflight import preflight
 from tests.distributed.conftest import REPO, WORKER, assert_bias_balancing_moved, finish, free_ports, start, torchrun
 from tests.distributed.test_parallelize import _assert_same_run
-from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
+from tests.distributed.train_worker import CASES, MODELS, SAVE_AT, run_case
 
 
 # ---- pure parts ----------------------------------------------------------------------------------------------
@@ -37,8 +39,7 @@ def test_expert_parallel_degree_is_checked_before_any_collective():
         resolve_dims(ParallelConfig(ep=4, dp_replicate=2), 4)
     with pytest.raises(ConfigError, match="parallel.ep=2 needs parallel.data_parallel=fsdp"):
         validate(ParallelConfig, {"ep": 2, "data_parallel": "ddp"})
-    with pytest.raises(ConfigError, match="cannot be combined with tensor parallel"):
-        validate(ParallelConfig, {"ep": 2, "tp": 2})
+    assert resolve_dims(validate(ParallelConfig, {"ep": 2, "tp": 2}), 4) == ParallelDims(1, 2, 2, ep=2)
     with pytest.raises(ConfigError, match="selective checkpointing cannot recompute"):
         validate(ParallelConfig, {"ep": 2, "compile": True, "activation_checkpointing": "selective"})
     with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
@@ -65,6 +66,11 @@ def test_a_run_checks_its_experts_split_before_it_starts():
     run = load_run_config(REPO / "configs/pretrain/quickstart.yaml", ["parallel.ep=8", moe], from_data=False)
     with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
         preflight(run, 8)
+    odd = "model.moe={d_model: 256, n_experts: 4, top_k: 2, expert_ffn_dim: 63}"
+    run = load_run_config(REPO / "configs/pretrain/quickstart.yaml", ["parallel.ep=2", "parallel.tp=2", odd],
+                          from_data=False)
+    with pytest.raises(ConfigError, match=r"parallel.tp=2 must divide moe.expert_ffn_dim \(63\)"):
+        preflight(run, 4)
 
 
 # ---- real ranks ----------------------------------------------------------------------------------------------
@@ -74,14 +80,14 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep_runs")
     port2, port4 = free_ports(2)
     threads = torch.get_num_threads()
+    # The compiled cases trace with AOT autograd and run their graphs eagerly: what expert parallel changes is which
+    # parts become graphs, not how inductor lowers them (tests/models/test_moe_checkpoint_compile.py).
+    aot_eager = {"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"}
     four = start(torchrun(4, port4, str(WORKER), str(out), "ep_fsdp_deepseek", "ep_fsdp_qwen3moe",
-                          "ep_hsdp_deepseek"), out / "four.log")
+                          "ep_hsdp_deepseek", "ep_tp_deepseek", "ep_tp_compile_qwen3moe"), out / "four.log", env=aot_eager)
     try:
-        # The compiled case traces with AOT autograd and runs its graphs eagerly: what expert parallel changes is
-        # which parts become graphs, not how inductor lowers them (tests/models/test_moe_checkpoint_compile.py).
         two = start(torchrun(2, port2, str(WORKER), str(out), "ep_deepseek", "ep_qwen3moe", "fsdp_capacity",
-                             "ep_capacity", "ep_compile_qwen3moe"), out / "two.log",
-                    env={"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"})
+                             "ep_capacity", "ep_compile_qwen3moe"), out / "two.log", env=aot_eager)
         run_case(out, "ep_single_deepseek")
         run_case(out, "ep_single_qwen3moe_accum")
         log = finish(two, out / "two.log", timeout=300)
@@ -109,6 +115,8 @@ def _assert_same_gradients(runs, case: str, ref: str):
     ("ep_deepseek", "ep_single_deepseek"),
     ("ep_fsdp_deepseek", "ep_single_deepseek"),
     ("ep_compile_qwen3moe", "ep_single_qwen3moe_accum"),
+    ("ep_tp_deepseek", "ep_single_deepseek"),
+    ("ep_tp_compile_qwen3moe", "ep_single_qwen3moe_accum"),
 ])
 def test_expert_parallel_training_matches_one_process(runs, case, ref):
     _assert_same_run(runs, case, ref)
@@ -125,6 +133,17 @@ def test_expert_parallel_training_matches_one_process(runs, case, ref):
 ])
 def test_expert_parallel_gradients_match(runs, case, ref):
     _assert_same_gradients(runs, case, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["ep_tp_deepseek", "ep_tp_compile_qwen3moe"])
+def test_expert_and_tensor_parallel_split_each_expert_both_ways(runs, case):
+    """Under ep 2 × tp 2 a rank holds half of the experts, and half of each one's ffn units."""
+    layout = json.loads((runs / case / "layout.json").read_text())
+    moe = MODELS[CASES[case].model]["moe"]
+    d, n_exp, ffn = moe["d_model"], moe["n_experts"], moe["expert_ffn_dim"]
+    assert layout["layers.1.feed_forward.experts.w13"]["shape"] == [n_exp // 2, ffn, d]  # 2·ffn rows, halved
+    assert layout["layers.1.feed_forward.experts.w2"]["shape"] == [n_exp // 2, d, ffn // 2]
 
 
 @pytest.mark.slow

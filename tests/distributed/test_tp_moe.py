@@ -1,7 +1,8 @@
 """Mixture of experts and latent attention under tensor parallel, and combined layouts, on real gloo ranks.
 
-A small DeepSeek-V3 (latent attention, a dense first layer, MoE with a shared expert) and a small Qwen3-MoE train
-with the real Trainer under TP 2 and FSDP 2 × TP 2, a small dense decoder under HSDP (2 replicas × 2 shards) × TP 2
+A small DeepSeek-V3 (latent attention, a dense first layer, MoE with a shared expert), a small Qwen3-MoE and a small
+Qwen2-MoE (a gated shared expert, capacity; also compiled) train with the real Trainer under TP 2 and FSDP 2 × TP 2,
+every expert split over tp, a small dense decoder under HSDP (2 replicas × 2 shards) × TP 2
 on 8 ranks, and each must follow one process's loss curve and end at its weights. A TP checkpoint resumes under FSDP, and a run whose torchrun gets
 SIGTERM stops with one complete checkpoint, which resumes the curve in one process.
 """
@@ -44,13 +45,16 @@ def runs(tmp_path_factory):
         "eight": start(torchrun(8, port8, str(WORKER), str(out), "hsdp_tp"), out / "eight.log"),
         "four": start(torchrun(4, port4, str(WORKER), str(out), "fsdp_tp_deepseek", "fsdp_tp_qwen3moe"),
                       out / "four.log"),
-        "two": start(torchrun(2, port2, str(WORKER), str(out), "tp_deepseek", "tp_qwen3moe", "fsdp_from_tp_deepseek",
-                              STOPPED), out / "two.log"),
+        # The compiled case traces with AOT autograd and runs its graphs eagerly (as test_expert_parallel.py's).
+        "two": start(torchrun(2, port2, str(WORKER), str(out), "tp_deepseek", "tp_qwen3moe", "tp_qwen2moe",
+                              "tp_compile_qwen2moe", "fsdp_from_tp_deepseek", STOPPED), out / "two.log",
+                     env={"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"}),
     }
     try:
         run_case(out, "single")
         run_case(out, "single_deepseek")
         run_case(out, "single_qwen3moe")
+        run_case(out, "single_qwen2moe")
         run_case(out, "single_qwen3moe_accum")
         two = launches["two"]
         deadline = time.monotonic() + 300
@@ -75,6 +79,8 @@ def runs(tmp_path_factory):
 REFERENCES = {
     "tp_deepseek": "single_deepseek",
     "tp_qwen3moe": "single_qwen3moe",
+    "tp_qwen2moe": "single_qwen2moe",  # a gated shared expert, and capacity dropping copies
+    "tp_compile_qwen2moe": "single_qwen2moe",  # compiled around the split experts, selective checkpointing
     "fsdp_tp_deepseek": "single_deepseek",
     "fsdp_tp_qwen3moe": "single_qwen3moe_accum",
     "hsdp_tp": "single",  # the combined layout, on the smallest (dense) model
@@ -83,8 +89,9 @@ REFERENCES = {
 
 @pytest.mark.parametrize("case", list(REFERENCES))
 def test_tensor_parallel_layouts_match_one_process(runs, case):
-    """Equal losses, gradient norms and weights: replicated routers, experts and latents get their gradient once,
-    not tp times, and the aux losses and load counts (which steer the expert bias) are counted once."""
+    """Equal losses, gradient norms and weights: the split experts' partial sums add up, replicated routers, gates
+    and latents get their gradient once, not tp times, and the aux losses and load counts (which steer the expert
+    bias) are counted once."""
     model, ref = CASES[case].model, REFERENCES[case]
     _assert_same_run(runs, case, ref)
     first = torch.load(runs / ref / "final.pt", weights_only=True)
@@ -93,6 +100,25 @@ def test_tensor_parallel_layouts_match_one_process(runs, case):
     assert max((first[k] - init[k]).abs().max().item() for k in first) > 0.05  # the weights really moved
     if model == "deepseek":
         assert_bias_balancing_moved(runs / ref)
+
+
+@pytest.mark.parametrize("case", ["tp_deepseek", "tp_qwen2moe"])
+def test_tensor_parallel_splits_every_expert(runs, case):
+    """Each tp rank holds half of every expert's ffn units (routed and shared), not a replica; the router and the
+    shared expert's gate stay whole."""
+    layout = json.loads((runs / case / "layout.json").read_text())
+    moe = MODELS[CASES[case].model]["moe"]
+    d, n_exp, ffn = moe["d_model"], moe["n_experts"], moe["expert_ffn_dim"]
+    layer = "layers.1.feed_forward"
+    assert layout[f"{layer}.experts.w13"]["shape"] == [n_exp, ffn, d]  # 2·ffn gate and up rows, halved
+    assert layout[f"{layer}.experts.w2"]["shape"] == [n_exp, d, ffn // 2]
+    assert layout[f"{layer}.router.weight"]["shape"] == [n_exp, d]
+    if moe.get("n_shared_experts"):
+        shared = moe.get("shared_ffn_dim", ffn) * moe["n_shared_experts"]
+        assert layout[f"{layer}.shared_experts.w1.weight"]["shape"] == [shared // 2, d]
+        assert layout[f"{layer}.shared_experts.w2.weight"]["shape"] == [d, shared // 2]
+    if moe.get("shared_expert_gate"):
+        assert layout[f"{layer}.shared_gate.weight"]["shape"] == [1, d]
 
 
 def test_tensor_parallel_checkpoint_resumes_under_fsdp(runs):

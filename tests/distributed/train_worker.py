@@ -11,6 +11,7 @@ checkpoints and ``final.pt`` (the full parameters, gathered to rank 0); cases th
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import sys
 import time
@@ -63,6 +64,9 @@ MODELS = {
     "qwen3moe": dict(BASE, qk_norm=True, moe=dict(MOE, aux_loss="switch", z_loss_coef=1e-3)),
     # Capacity 1.0 drops 8-24 of each layer's 64 routed copies per 2-sample micro-batch.
     "qwen3moe_capacity": dict(BASE, qk_norm=True, moe=dict(MOE, capacity_factor=1.0)),
+    # Qwen2-MoE in small: a sigmoid-gated shared expert beside the routed ones; capacity 1.0 drops copies too.
+    "qwen2moe": dict(BASE, qkv_bias=True, moe=dict(MOE, n_shared_experts=1, shared_ffn_dim=32, shared_expert_gate=True,
+                                                    capacity_factor=1.0, aux_loss="switch")),
     "untied_4": dict(BASE, tie_embeddings=False, n_layers=4),  # two stages per rank at pp 2
     "tied_4": dict(BASE, tie_embeddings=True, n_layers=4),  # a stage per rank at pp 4
 }
@@ -106,10 +110,13 @@ CASES = {
     # mixture of experts and latent attention under tensor parallel (test_tp_moe.py)
     "single_deepseek": Case("deepseek"),
     "single_qwen3moe": Case("qwen3moe"),
+    "single_qwen2moe": Case("qwen2moe"),
     # The Switch aux loss is not linear in the batch: two data-parallel halves match two accumulated halves.
     "single_qwen3moe_accum": Case("qwen3moe", grad_accum=2),
     "tp_deepseek": Case("deepseek", {"tp": 2}, save_every=SAVE_AT),
     "tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
+    "tp_qwen2moe": Case("qwen2moe", {"tp": 2}),
+    "tp_compile_qwen2moe": Case("qwen2moe", {"tp": 2, "compile": True, "activation_checkpointing": "selective"}),
     "fsdp_tp_deepseek": Case("deepseek", {"tp": 2}),
     "fsdp_tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
     "hsdp_tp": Case("tied", {"dp_replicate": 2, "tp": 2}),  # 8 ranks: the smallest model
@@ -130,6 +137,10 @@ CASES = {
     # compiled around the experts: the blocks' other parts are graphs, the dispatch stays eager
     "ep_compile_qwen3moe": Case("qwen3moe", {"ep": 2, "compile": True, "activation_checkpointing": "full"},
                                 gradients="first"),
+    # expert parallel × tensor parallel: ep 2 over the data-parallel ranks, each expert's ffn split over tp 2
+    "ep_tp_deepseek": Case("deepseek", {"ep": 2, "tp": 2}, gradients="first"),
+    "ep_tp_compile_qwen3moe": Case("qwen3moe", {"ep": 2, "tp": 2, "compile": True, "activation_checkpointing": "full"},
+                                   gradients="first"),
     "ep_hsdp_deepseek": Case("deepseek", {"ep": 2, "dp_replicate": 2, "activation_checkpointing": "full"},
                              gradients="only"),
     "pp_fsdp": Case("untied_qk", {"pp": 2, "dp_shard": 2}, grad_accum=2),
@@ -216,6 +227,17 @@ def save_first_gradients(model: torch.nn.Module, dp: DataParallel, path: Path) -
         torch.save(grads, path)
 
 
+def save_layout(model: torch.nn.Module, path: Path) -> None:
+    """Each parameter's local shape and placements on this rank (plain tensors: none)."""
+    layout = {}
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        layout[plain_name(name)] = {"shape": list(local.shape),
+                        "placements": [str(pl) for pl in p.placements] if isinstance(p, DTensor) else []}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(layout, indent=1))
+
+
 def run_case(out: Path, name: str) -> None:
     case = CASES[name]
     cfg = ParallelConfig(**case.parallel)
@@ -234,9 +256,11 @@ def run_case(out: Path, name: str) -> None:
                                          tp_plan=spec.tensor_parallel_plan(model.cfg, dims.tp))
     else:
         model = parallelize(model, mesh, cfg, spec.tensor_parallel_plan(model.cfg, dims.tp), "cpu")
+    run_dir = out / name
+    if _rank() == 0:
+        save_layout(model, run_dir / "layout.json")
     dp = DataParallel(mesh.dp_rank, dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
 
-    run_dir = out / name
     if case.gradients != "none":
         save_first_gradients(model, dp, run_dir / "grads.pt")
     if case.gradients == "only":

@@ -213,7 +213,12 @@ def test_config_errors():
         tiny_moe(attention="mla", qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
     with pytest.raises(ValidationError, match="only apply with attention='mla'"):
         tiny_moe(kv_lora_rank=16)
-    check_tensor_parallel(tiny_moe(), 2)  # the routed experts stay replicated over tp
+    check_tensor_parallel(tiny_moe(), 2)
+    with pytest.raises(ConfigError, match=r"parallel.tp=2 must divide moe.expert_ffn_dim \(5\): each rank holds"):
+        check_tensor_parallel(tiny_moe(moe=dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=5)), 2)
+    with pytest.raises(ConfigError, match=r"must divide the shared experts' width .* \(5\)"):
+        check_tensor_parallel(tiny_moe(moe=dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=8,
+                                                n_shared_experts=1, shared_ffn_dim=5)), 2)
     with pytest.raises(ConfigError, match=r"parallel.tp=3 must divide the model's n_heads \(4\) so that"):
         check_tensor_parallel(tiny_moe(n_kv_heads=None, attention="mla", kv_lora_rank=16, qk_nope_head_dim=8,
                                        qk_rope_head_dim=4, v_head_dim=8), 3)

@@ -18,7 +18,8 @@ class ParallelConfig(StrictModel):
     tp`` ranks holds one pipeline stage (``pp_virtual_stages`` of them for the interleaved schedule).
     ``ep`` is carved out of ``dp_shard``: groups of ``ep`` neighbouring ``dp_shard`` ranks split the routed experts
     among them, and FSDP shards each expert over the ``dp_shard / ep`` ranks left; everything else stays sharded
-    over all of ``dp_shard``.
+    over all of ``dp_shard``. With ``tp > 1`` every expert's ffn units are split over ``tp`` as well, and each tp
+    rank exchanges tokens with the ranks of its own tp index.
     """
 
     dp_replicate: int = Field(default=1, ge=1)
@@ -62,10 +63,6 @@ class ParallelConfig(StrictModel):
         if self.ep > 1:
             if self.data_parallel != "fsdp":
                 raise ValueError(f"parallel.ep={self.ep} needs parallel.data_parallel=fsdp, which shards the experts")
-            if self.tp > 1:
-                raise ValueError(
-                    f"parallel.ep={self.ep} cannot be combined with tensor parallel (parallel.tp={self.tp})"
-                )
             if self.compile and self.activation_checkpointing == "selective":
                 raise ValueError(
                     f"parallel.ep={self.ep} with parallel.compile compiles the parts of each block around the "

@@ -18,20 +18,20 @@ expert exactly as in one process; the wrapper then
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
 from longboat.models.moe.experts import GroupedExperts
 from longboat.models.moe.permute import invert_permutation, permute_rows
+from longboat.models.moe.tensor_parallel import EXPERT_FFN_DIMS, local_parameters
 
 
 def expert_major_order(received: Tensor, total: int | None = None) -> Tensor:
@@ -43,41 +43,6 @@ def expert_major_order(received: Tensor, total: int | None = None) -> Tensor:
     # The row count, when the caller knows it, spares repeat_interleave a device sync to find it.
     key = torch.repeat_interleave(block.reshape(-1), received.reshape(-1), output_size=total)
     return torch.argsort(key, stable=True)
-
-
-class _ScaleGradient(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by ``scale``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, scale: float) -> Tensor:
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return grad * ctx.scale, None
-
-
-@contextlib.contextmanager
-def _local_weights(module: nn.Module, ep: int) -> Iterator[None]:
-    """Let ``module``'s forward read its DTensor parameters as this rank's local shards.
-
-    An instance attribute shadows ``nn.Module.__getattr__``'s parameter lookup, so the plain forward sees local
-    tensors while the registered parameters stay DTensors for FSDP, the optimizer and checkpoints; ``to_local``
-    carries the gradient back to the DTensor.
-
-    The gradient of a local expert already sums the tokens of the whole ep group (the all-to-all's backward
-    brings them); FSDP then averages it over the ``dp / ep`` ranks that hold the same experts. Scaling by
-    ``1 / ep`` turns that into the average over all ``dp`` ranks, which every other weight gets.
-    """
-    shadowed = [name for name, p in module._parameters.items() if isinstance(p, DTensor)]
-    for name in shadowed:
-        module.__dict__[name] = _ScaleGradient.apply(module._parameters[name].to_local(), 1.0 / ep)
-    try:
-        yield
-    finally:
-        for name in shadowed:
-            module.__dict__.pop(name, None)
 
 
 def dispatch_and_combine(forward: Callable[..., Tensor], x: Tensor, counts: Tensor,
@@ -103,15 +68,20 @@ def dispatch_and_combine(forward: Callable[..., Tensor], x: Tensor, counts: Tens
 
 
 class ExpertParallel(ParallelStyle):
-    """Shard a ``GroupedExperts`` over a 1-D ``ep`` mesh: every parameter on dim 0, all-to-all around forward."""
+    """Shard a ``GroupedExperts`` over an ``ep`` mesh (every parameter on dim 0, the expert dim) with an all-to-all
+    around forward, or over an ``ep × tp`` mesh, which also splits each expert's ffn units over tp: then each tp
+    rank sends its (identical, gathered) tokens to the ep ranks of its own tp index and returns a partial sum, which
+    the MoE layer's tensor-parallel boundary reduces."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, GroupedExperts):
             raise TypeError(f"ExpertParallel applies to GroupedExperts, not {type(module).__name__}")
-        ep = device_mesh.size()
+        ep_mesh = device_mesh["ep"] if device_mesh.ndim > 1 else device_mesh
+        ep = ep_mesh.size()
         for name, param in list(module.named_parameters(recurse=False)):
-            # Every rank built the same full weights; each keeps its own experts without communicating.
-            shard = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+            placements = [Shard(0)] if device_mesh.ndim == 1 else [Shard(0), Shard(EXPERT_FFN_DIMS[name])]
+            # Every rank built the same full weights; each keeps its own slice without communicating.
+            shard = distribute_tensor(param.data, device_mesh, placements, src_data_rank=None)
             module.register_parameter(name, nn.Parameter(shard, requires_grad=param.requires_grad))
         # forward's own bookkeeping (the padded path's buffer) counts the experts this rank holds.
         module.n_experts //= ep
@@ -119,15 +89,19 @@ class ExpertParallel(ParallelStyle):
 
         def forward(x: Tensor, counts: Tensor, dropless: bool = False) -> Tensor:
             # The rows this rank keeps are sent whole (dropped ones come back as zeros), so dropless changes nothing.
-            with _local_weights(module, ep):
-                return dispatch_and_combine(local_forward, x, counts, device_mesh.get_group(), ep)
+            # A local expert's gradient already sums the tokens of the whole ep group (the all-to-all's backward
+            # brings them); FSDP then averages it over the dp / ep ranks that hold the same experts. Scaling by
+            # 1 / ep turns that into the average over all dp ranks, which every other weight gets.
+            with local_parameters(module, grad_scale=1.0 / ep):
+                return dispatch_and_combine(local_forward, x, counts, ep_mesh.get_group(), ep)
 
         module.forward = forward
+        module._reads_local_shards = True
         return module
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
-    """Shard every expert set of ``model`` over ``ep_mesh``."""
-    check_expert_parallel(model, ep_mesh.size())
+def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Shard every expert set of ``model`` over ``mesh``: ``ep``, or ``ep × tp`` (``ParallelMesh.expert_split``)."""
+    check_expert_parallel(model, (mesh["ep"] if mesh.ndim > 1 else mesh).size())
     for module in expert_modules(model):
-        parallelize_module(module, ep_mesh, ExpertParallel())
+        parallelize_module(module, mesh, ExpertParallel())

@@ -87,6 +87,14 @@ class ParallelMesh:
         return self._experts["ep"] if self._experts is not None else None
 
     @property
+    def expert_split(self) -> DeviceMesh | None:
+        """What expert parallel splits the routed experts over: ``ep`` (each rank a share of the experts), or
+        ``ep × tp`` under tensor parallel (each expert's ffn units split over tp as well). None without it."""
+        if self._experts is None:
+            return None
+        return self._experts["ep", "tp"] if self.dims.tp > 1 else self._experts["ep"]
+
+    @property
     def expert_fsdp(self) -> DeviceMesh | None:
         """What FSDP shards the experts over under expert parallel: the ``dp_shard / ep`` ranks holding the same
         experts (with ``dp_replicate`` for HSDP)."""

@@ -28,6 +28,7 @@ from longboat.distributed.config import ParallelConfig
 from longboat.distributed.expert_parallel import apply_expert_parallel
 from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
 from longboat.distributed.mesh import ParallelMesh
+from longboat.models.moe.tensor_parallel import reads_local_shards
 from longboat.models.registry import spec_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -70,9 +71,12 @@ def plan_entry_matches(name: str, pattern: str) -> bool:
     return len(parts) == len(pats) and all(fnmatchcase(p, q) for p, q in zip(parts, pats))
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelStyle]) -> None:
-    """Apply each plan entry to every module its pattern names; a pattern that names nothing is an error."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelStyle],
+                          split_already: Sequence[nn.Module] = ()) -> None:
+    """Apply each plan entry to every module its pattern names; a pattern that names nothing is an error.
+    ``split_already`` (expert parallel's experts, which its ``ep × tp`` mesh split over tp too) are left alone."""
     modules = dict(model.named_modules())
+    skip = {id(m) for m in split_already}
     for pattern, style in plan.items():
         targets = [name for name in modules if plan_entry_matches(name, pattern)]
         if not targets:
@@ -81,7 +85,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelSty
                 "the plan is out of date with the model"
             )
         for name in targets:
-            parallelize_module(modules[name], tp_mesh, style)
+            if id(modules[name]) not in skip:
+                parallelize_module(modules[name], tp_mesh, style)
 
 
 # ---- activation checkpointing and compile ------------------------------------------------------------------
@@ -256,16 +261,17 @@ def parallelize(
     check_expert_parallel(model, cfg.ep)
     if _on_meta(model) and not _sharded_init_supported(device):
         materialize(model, device)
+    experts = expert_modules(model) if cfg.ep > 1 else []
     if mesh is not None and mesh.ep is not None:
-        apply_expert_parallel(model, mesh.ep)
+        apply_expert_parallel(model, mesh.expert_split)
     if mesh is not None and mesh.tp is not None:
         if tp_plan is None:
             raise ConfigError(f"{type(model).__name__} has no tensor-parallel plan; set parallel.tp=1")
-        apply_tensor_parallel(model, mesh.tp, tp_plan)
+        apply_tensor_parallel(model, mesh.tp, tp_plan, split_already=experts)
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, units, eager=expert_modules(model) if cfg.ep > 1 else ())
+        apply_compile(model, units, eager=[m for m in model.modules() if reads_local_shards(m)])
     if uses_fsdp:
         apply_fsdp(model, units, mesh, cfg, forward_methods)
     if _on_meta(model):

@@ -36,6 +36,7 @@ from longboat.distributed.parallelize import apply_activation_checkpointing, app
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.distributed.pipeline_tied import TiedWeights
 from longboat.distributed.pipeline_tp import apply_output_tensor_parallel, apply_stage_tensor_parallel, check_plan
+from longboat.models.moe.tensor_parallel import reads_local_shards
 from longboat.models.registry import PipelineSplit
 from longboat.trainer.loss import LossOutput, StagedLoss
 
@@ -226,15 +227,16 @@ def build_pipeline(
     if any(p.is_meta for p in model.parameters()):
         _materialize_stages(model, device, mesh.pp.get_local_rank())
     tied.copy_from_first(model)
-    if mesh.ep is not None and expert_modules(model):  # a stage of dense layers has none
-        apply_expert_parallel(model, mesh.ep)
+    experts = expert_modules(model) if mesh.ep is not None else []
+    if experts:  # a stage of dense layers has none
+        apply_expert_parallel(model, mesh.expert_split)
     if mesh.tp is not None:
         apply_stage_tensor_parallel(model, mesh.tp, tp_plan, split,
-                                    [(ranges[s], s == 0, s == n_stages - 1) for s in stage_ids])
+                                    [(ranges[s], s == 0, s == n_stages - 1) for s in stage_ids], experts)
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, units, eager=expert_modules(model) if mesh.ep is not None else ())
+        apply_compile(model, units, eager=[m for m in model.modules() if reads_local_shards(m)])
     if len(stage_ids) == 1:
         views = [model]
     else:

@@ -54,13 +54,16 @@ def _gather(mesh: DeviceMesh, dim: int):
 
 
 def apply_stage_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle],
-                                split: PipelineSplit, stages: Sequence[tuple[range, bool, bool]]) -> None:
+                                split: PipelineSplit, stages: Sequence[tuple[range, bool, bool]],
+                                split_already: Sequence[nn.Module] = ()) -> None:
     """Apply ``plan`` (checked against the full model) to the rank's pruned ``model``: the entries that name a module
     it keeps, except the root's (see ``apply_output_tensor_parallel``). ``stages``: each of the rank's stages as
-    (its layer indices, whether it is the first stage, whether the last)."""
+    (its layer indices, whether it is the first stage, whether the last); ``split_already`` as for
+    ``apply_tensor_parallel``."""
     kept = [name for name, _ in model.named_modules()]
     apply_tensor_parallel(model, tp_mesh, {pattern: style for pattern, style in plan.items()
-                                           if pattern and any(plan_entry_matches(name, pattern) for name in kept)})
+                                           if pattern and any(plan_entry_matches(name, pattern) for name in kept)},
+                          split_already)
     dim = split.tp_sequence_dim
     if dim is None:
         return

@@ -5,9 +5,9 @@ gathers its input, runs column-parallel in-projections and a row-parallel out-pr
 back onto the sequence. Norms run on sequence shards with replicated weights. Only ``longboat.distributed``
 applies the plan; the model stays plain single-device PyTorch.
 
-Multi-head latent attention splits its heads the same way around a replicated latent; a mixture of experts keeps its
-router and routed experts replicated (every rank runs the gathered sequence; splitting experts is expert
-parallelism's job) and splits only its shared experts. Modules without an entry stay plain, replicated tensors.
+Multi-head latent attention splits its heads the same way around a replicated latent; a mixture of experts splits
+every expert (routed and shared) along its ffn dimension and runs a replicated router on the gathered sequence
+(``models/moe/tensor_parallel.py``). Modules without an entry stay plain, replicated tensors.
 
 The head reads ``output_weight`` with ``F.linear`` (tied or not), so the logits come out as a DTensor sharded over
 the vocabulary; the root entry ``""`` gathers them into an ordinary tensor for the loss. Tied embeddings work
@@ -19,12 +19,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -32,7 +31,7 @@ from torch.distributed.tensor.parallel import (
 
 from longboat.config.base import ConfigError
 from longboat.models.llm.config import DecoderConfig
-from longboat.models.moe.config import MoEConfig
+from longboat.models.moe.tensor_parallel import moe_layer_plan, sum_gradient_over
 
 
 def check_tensor_parallel(cfg: DecoderConfig, tp: int) -> None:
@@ -49,6 +48,16 @@ def check_tensor_parallel(cfg: DecoderConfig, tp: int) -> None:
             f"parallel.tp={tp} must divide the model's n_heads ({cfg.n_heads}) and n_kv_heads ({cfg.kv_heads}) "
             "so that each rank holds whole heads"
         )
+    moe = cfg.moe
+    if moe is not None:
+        widths = {"moe.expert_ffn_dim": moe.expert_ffn_dim}
+        if moe.n_shared_experts:
+            widths["the shared experts' width (n_shared_experts × shared_ffn_dim)"] = moe.shared_dim
+        for what, width in widths.items():
+            if width % tp:
+                raise ConfigError(
+                    f"parallel.tp={tp} must divide {what} ({width}): each rank holds a slice of every expert"
+                )
 
 
 def _gathered_input() -> PrepareModuleInput:
@@ -88,9 +97,7 @@ class SumKeyGradient(ParallelStyle):
 
     def _sum_tail_gradient(self, out: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         head, tail = out.split([out.shape[-1] - self.width, self.width], dim=-1)
-        # Replicated going in, Partial gradient coming out: identity forward, all-reduce backward.
-        tail = DTensor.from_local(tail, mesh, (Replicate(),), run_check=False).to_local(grad_placements=(Partial(),))
-        return torch.cat((head, tail), dim=-1)
+        return torch.cat((head, sum_gradient_over(mesh, tail)), dim=-1)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module.register_forward_hook(lambda _, inputs, out: self._sum_tail_gradient(out, device_mesh))
@@ -117,23 +124,6 @@ def _swiglu_plan(prefix: str, output: Placement) -> dict[str, ParallelStyle]:
     }
 
 
-def _moe_plan(prefix: str, cfg: MoEConfig) -> dict[str, ParallelStyle]:
-    """A mixture of experts on the gathered sequence. The router and the routed experts stay replicated (sharding
-    experts is expert parallelism's job): every rank routes and runs the whole sequence identically, so their
-    gradients and the aux losses and load counts come out once, not tp times. The shared experts are split like a
-    dense feed-forward but all-reduce their output, which adds to the replicated routed one; the rank then keeps its
-    slice of the sequence (no communication; the backward gathers the gradient)."""
-    plan: dict[str, ParallelStyle] = {
-        prefix: PrepareModuleInputOutput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-            output_layouts=(Replicate(), None), desired_output_layouts=(Shard(1), None),  # (y, aux dict)
-        ),
-    }
-    if cfg.n_shared_experts:
-        plan.update(_swiglu_plan(f"{prefix}.shared_experts", Replicate()))
-    return plan
-
-
 def _feed_forward_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
     dense_input = PrepareModuleInput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
@@ -144,7 +134,7 @@ def _feed_forward_plan(cfg: DecoderConfig) -> dict[str, ParallelStyle]:
     for i in range(cfg.n_layers):  # dense and MoE layers differ, so entries name their block
         prefix = f"layers.{i}.feed_forward"
         if cfg.is_moe_layer(i):
-            plan.update(_moe_plan(prefix, cfg.moe))
+            plan.update(moe_layer_plan(prefix, cfg.moe.n_shared_experts > 0, cfg.moe.shared_expert_gate))
         else:
             plan.update({prefix: dense_input, **_swiglu_plan(prefix, Shard(1))})
     return plan
