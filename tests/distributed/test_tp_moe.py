@@ -2,9 +2,10 @@
 
 A small DeepSeek-V3 (latent attention, a dense first layer, MoE with a shared expert), a small Qwen3-MoE and a small
 Qwen2-MoE (a gated shared expert, capacity; also compiled) train with the real Trainer under TP 2 and FSDP 2 × TP 2,
-every expert split over tp, a small dense decoder under HSDP (2 replicas × 2 shards) × TP 2
-on 8 ranks, and each must follow one process's loss curve and end at its weights. A TP checkpoint resumes under FSDP, and a run whose torchrun gets
-SIGTERM stops with one complete checkpoint, which resumes the curve in one process.
+every expert split over tp; on 8 ranks, a small dense decoder under HSDP (2 replicas × 2 shards) × TP 2 and the
+Qwen3-MoE under pp 2 × ep 2 × tp 2. Each must follow one process's loss curve and end at its weights. A TP checkpoint
+resumes under FSDP, and a run whose torchrun gets SIGTERM stops with one complete checkpoint, which resumes the
+curve in one process.
 """
 
 import json
@@ -42,7 +43,7 @@ def runs(tmp_path_factory):
     port2, port4, port8 = free_ports(3)
     threads = torch.get_num_threads()
     launches = {
-        "eight": start(torchrun(8, port8, str(WORKER), str(out), "hsdp_tp"), out / "eight.log"),
+        "eight": start(torchrun(8, port8, str(WORKER), str(out), "hsdp_tp", "pp_ep_tp_qwen3moe"), out / "eight.log"),
         "four": start(torchrun(4, port4, str(WORKER), str(out), "fsdp_tp_deepseek", "fsdp_tp_qwen3moe"),
                       out / "four.log"),
         # The compiled case traces with AOT autograd and runs its graphs eagerly (as test_expert_parallel.py's).
@@ -56,6 +57,7 @@ def runs(tmp_path_factory):
         run_case(out, "single_qwen3moe")
         run_case(out, "single_qwen2moe")
         run_case(out, "single_qwen3moe_accum")
+        run_case(out, "single_qwen3moe_accum_4")
         two = launches["two"]
         deadline = time.monotonic() + 300
         while _last_step(out / STOPPED) < CASES[STOPPED].slow_from:  # then every later step takes a second
@@ -84,6 +86,7 @@ REFERENCES = {
     "fsdp_tp_deepseek": "single_deepseek",
     "fsdp_tp_qwen3moe": "single_qwen3moe_accum",
     "hsdp_tp": "single",  # the combined layout, on the smallest (dense) model
+    "pp_ep_tp_qwen3moe": "single_qwen3moe_accum_4",  # pp 2 × ep 2 × tp 2: 2 data-parallel ranks × 2 micro-batches
 }
 
 
@@ -100,6 +103,15 @@ def test_tensor_parallel_layouts_match_one_process(runs, case):
     assert max((first[k] - init[k]).abs().max().item() for k in first) > 0.05  # the weights really moved
     if model == "deepseek":
         assert_bias_balancing_moved(runs / ref)
+
+
+def test_pipeline_expert_and_tensor_parallel_split_each_stage_s_experts(runs):
+    """Rank 0 (first stage) holds half of its layer's experts, and half of each one's ffn units."""
+    layout = json.loads((runs / "pp_ep_tp_qwen3moe" / "layout.json").read_text())
+    moe = MODELS["qwen3moe"]["moe"]
+    assert layout["layers.0.feed_forward.experts.w13"]["shape"] == [moe["n_experts"] // 2, moe["expert_ffn_dim"],
+                                                                    moe["d_model"]]
+    assert not any(name.startswith("layers.1.") for name in layout)  # the second stage's layer lives elsewhere
 
 
 @pytest.mark.parametrize("case", ["tp_deepseek", "tp_qwen2moe"])

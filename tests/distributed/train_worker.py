@@ -161,6 +161,8 @@ CASES = {
     # and compiled: each stage's blocks compiled around their experts, recomputed whole (full AC)
     "pp_ep_compile_qwen3moe": Case("qwen3moe", {"pp": 2, "ep": 2, "compile": True, "activation_checkpointing": "full"},
                                    grad_accum=2),
+    # all three: each stage's experts split over ep 2 and tp 2 (8 ranks)
+    "pp_ep_tp_qwen3moe": Case("qwen3moe", {"pp": 2, "ep": 2, "tp": 2}, grad_accum=2),
     "single_qwen3moe_accum_4": Case("qwen3moe", grad_accum=4),  # pp_ep_qwen3moe's 2 × 2 one-sample micro-batches
     "single_4_from_pp_tp": Case("untied_4", resume_from=f"pp_interleaved_tp/checkpoints/step_{SAVE_AT:08d}"),
     # tied embeddings under pipeline parallel: the last stage holds a copy of the first stage's table
