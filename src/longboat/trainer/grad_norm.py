@@ -19,7 +19,8 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
 
     torch's ``clip_grad_norm_`` stacks every gradient's norm into one tensor, which fails once DTensors sit on
     different meshes: tensor-parallel weights on ``dp_shard × tp`` beside the weights every tp rank replicates (MoE
-    routers and experts, MLA's latent projections) on ``dp_shard`` alone. Each mesh's norm is made whole first.
+    routers, MLA's latent projections) on ``dp_shard`` alone, and expert-parallel experts on ``dp_shard / ep × ep``
+    (``× tp``). Each mesh's norm is made whole first.
     """
     grads = [p.grad for p in params if p.grad is not None]
     by_mesh: dict[object, list[torch.Tensor]] = {}
