@@ -40,8 +40,6 @@ def test_expert_parallel_degree_is_checked_before_any_collective():
     with pytest.raises(ConfigError, match="parallel.ep=2 needs parallel.data_parallel=fsdp"):
         validate(ParallelConfig, {"ep": 2, "data_parallel": "ddp"})
     assert resolve_dims(validate(ParallelConfig, {"ep": 2, "tp": 2}), 4) == ParallelDims(1, 2, 2, ep=2)
-    with pytest.raises(ConfigError, match="selective checkpointing cannot recompute"):
-        validate(ParallelConfig, {"ep": 2, "compile": True, "activation_checkpointing": "selective"})
     with pytest.raises(ConfigError, match=r"parallel.ep=8 must divide the model's n_experts \(4\)"):
         check_expert_parallel(build_model("decoder", MODELS["qwen3moe"]), 8)
     with pytest.raises(ConfigError, match="parallel.ep=2 needs a mixture-of-experts model"):

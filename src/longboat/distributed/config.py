@@ -63,12 +63,6 @@ class ParallelConfig(StrictModel):
         if self.ep > 1:
             if self.data_parallel != "fsdp":
                 raise ValueError(f"parallel.ep={self.ep} needs parallel.data_parallel=fsdp, which shards the experts")
-            if self.compile and self.activation_checkpointing == "selective":
-                raise ValueError(
-                    f"parallel.ep={self.ep} with parallel.compile compiles the parts of each block around the "
-                    "experts, which selective checkpointing cannot recompute; use "
-                    "parallel.activation_checkpointing=full (or none), or parallel.compile=false"
-                )
         return self
 
     def _check_pipeline(self) -> None:

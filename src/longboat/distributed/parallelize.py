@@ -103,6 +103,17 @@ def _save_list() -> set:
     return {getattr(ns, op).default for ns, op in names if hasattr(ns, op)}
 
 
+def _untrack_profiler_markers() -> None:
+    """Selective checkpointing counts every op a block dispatches and expects its recompute to dispatch the same ones.
+    The profiler's ``record_function`` markers break that where FSDP's hooks run inside the block (the experts, their
+    own FSDP unit under expert parallel, compiled around): those hooks mark other work in backward than in forward.
+    The markers compute nothing, so they join the ops torch's checkpointing leaves untracked."""
+    ignored = getattr(torch.utils.checkpoint, "SAC_IGNORED_OPS", None)
+    if ignored is not None:
+        ignored.update({torch.ops.profiler._record_function_enter_new.default,
+                        torch.ops.profiler._record_function_exit._RecordFunction})
+
+
 def _selective_policy(save: set, ctx, op, *args, **kwargs) -> CheckpointPolicy:
     # Matmuls and attention are expensive to redo and their outputs small next to the pointwise ops
     # (norms, SiLU, RoPE) around them, which are cheap to recompute.
@@ -114,6 +125,7 @@ def apply_activation_checkpointing(model: nn.Module, units: Sequence[str], mode:
     found = _require_units(model, units, f"parallel.activation_checkpointing={mode}")
     kwargs = {}
     if mode == "selective":
+        _untrack_profiler_markers()
         policy = functools.partial(_selective_policy, _save_list())
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
     for i, (parent, attr, unit) in enumerate(found):
