@@ -16,7 +16,7 @@ from torch import nn
 
 from longboat.config.base import ConfigError, validate
 from longboat.models.moe import GroupedExperts, MoE, MoEConfig, Routing, fuse_gate_up, split_gate_up
-from longboat.models.moe.permute import invert_permutation, permute_rows
+from longboat.models.moe.permute import invert_permutation, permute_rows, sum_copies
 
 D, FFN = 64, 32
 
@@ -252,6 +252,28 @@ def test_permute_rows_equals_indexing_forward_and_backward(copies, dtype):
     # Each row's copies are summed in another order than the scatter-add's, and bf16 rounds once, not per add.
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(xa.grad, xb.grad, **tol)
+
+
+@pytest.mark.parametrize("copies", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sum_copies_is_the_adjoint_of_permute_rows(copies, dtype):
+    """sum_copies puts permuted copies back and sums each row's in fp32; its gradient spreads them again."""
+    torch.manual_seed(0)
+    order = torch.randperm(10 * copies)
+    inverse = invert_permutation(order)
+    ya = torch.randn(10 * copies, 6, dtype=dtype, requires_grad=True)
+    yb = ya.detach().clone().requires_grad_()
+    out = sum_copies(ya, order, inverse, copies)
+    ref = yb[inverse].view(10, copies, 6).float().sum(1)
+    assert out.dtype == torch.float32 and torch.equal(out, ref)
+    grad = torch.randn(10, 6)
+    out.backward(grad)
+    ref.backward(grad)
+    assert ya.grad.dtype == dtype and torch.equal(ya.grad, yb.grad)
+    # <permute_rows(x), y> = <x, sum_copies(y)>: one is the other's transpose
+    x, y = torch.randn(10, 6), torch.randn(10 * copies, 6)
+    torch.testing.assert_close((permute_rows(x, order, inverse, copies) * y).sum(),
+                               (x * sum_copies(y, order, inverse, copies)).sum(), atol=1e-5, rtol=1e-5)
 
 
 def test_topk_norm_min_bounds_the_normaliser():

@@ -46,10 +46,11 @@ def expert_major_order(received: Tensor, total: int | None = None) -> Tensor:
 
 
 def dispatch_and_combine(forward: Callable[..., Tensor], x: Tensor, counts: Tensor,
-                         group: dist.ProcessGroup, ep: int) -> Tensor:
+                         group: dist.ProcessGroup, ep: int, scale: Tensor | None = None) -> Tensor:
     """Run ``forward`` (the local experts) on the rows of ``x`` [S, d] routed to them from every rank of ``group``.
 
     ``x`` is sorted by global expert with ``counts`` [E] rows each; experts ``[r·E/ep, (r+1)·E/ep)`` live on rank r.
+    Each row's ``scale`` [S] (its routing weight), when given, travels with it.
     """
     n_local = counts.numel() // ep
     received = torch.empty_like(counts)
@@ -61,8 +62,12 @@ def dispatch_and_combine(forward: Callable[..., Tensor], x: Tensor, counts: Tens
     rows = all_to_all_single_autograd(x[:n_kept].contiguous(), recv_splits, send_splits, group)
     order = expert_major_order(received, sum(recv_splits))
     inverse = invert_permutation(order)
+    if scale is not None:  # a second, small exchange: fp32 weights would lose precision packed beside bf16 rows
+        scale = all_to_all_single_autograd(scale[:n_kept].unsqueeze(-1).contiguous(), recv_splits, send_splits, group)
+        scale = permute_rows(scale, order, inverse).view(-1)
     # Every received row belongs to a local expert: the experts need not zero a tail.
-    y = permute_rows(forward(permute_rows(rows, order, inverse), received.sum(0), dropless=True), inverse, order)
+    y = forward(permute_rows(rows, order, inverse), received.sum(0), dropless=True, scale=scale)
+    y = permute_rows(y, inverse, order)
     back = all_to_all_single_autograd(y.contiguous(), send_splits, recv_splits, group)
     return torch.cat([back, back.new_zeros(x.shape[0] - n_kept, back.shape[1])])
 
@@ -87,13 +92,13 @@ class ExpertParallel(ParallelStyle):
         module.n_experts //= ep
         local_forward = module.forward
 
-        def forward(x: Tensor, counts: Tensor, dropless: bool = False) -> Tensor:
+        def forward(x: Tensor, counts: Tensor, dropless: bool = False, scale: Tensor | None = None) -> Tensor:
             # The rows this rank keeps are sent whole (dropped ones come back as zeros), so dropless changes nothing.
             # A local expert's gradient already sums the tokens of the whole ep group (the all-to-all's backward
             # brings them); FSDP then averages it over the dp / ep ranks that hold the same experts. Scaling by
             # 1 / ep turns that into the average over all dp ranks, which every other weight gets.
             with local_parameters(module, grad_scale=1.0 / ep):
-                return dispatch_and_combine(local_forward, x, counts, ep_mesh.get_group(), ep)
+                return dispatch_and_combine(local_forward, x, counts, ep_mesh.get_group(), ep, scale)
 
         module.forward = forward
         module._reads_local_shards = True

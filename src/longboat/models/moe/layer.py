@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from longboat.models.moe.config import MoEConfig
 from longboat.models.moe.experts import GroupedExperts, SwiGLU
 from longboat.models.moe.losses import router_z_loss, sequence_balance_loss, switch_balance_loss, token_fractions
-from longboat.models.moe.permute import invert_permutation, permute_rows
+from longboat.models.moe.permute import invert_permutation, permute_rows, sum_copies
 from longboat.models.moe.router import Router, Routing
 
 
@@ -94,10 +94,11 @@ class MoE(nn.Module):
         inverse = invert_permutation(order)
         kept = count_per_expert(expert, n_exp + 1)[:n_exp]
 
-        y = self.experts(permute_rows(x, order, inverse, top_k), kept, dropless=capacity is None)
+        # Each copy's routing weight travels with it and scales its expert's hidden units.
+        scale = permute_rows(routing.weights.reshape(-1, 1), order, inverse).view(-1)
+        y = self.experts(permute_rows(x, order, inverse, top_k), kept, dropless=capacity is None, scale=scale)
         # Back to (token, choice) order, then a fixed-order fp32 sum over the k choices.
-        y = permute_rows(y, inverse, order).view(n_tokens, top_k, -1).float() * routing.weights.unsqueeze(-1)
-        return y.sum(dim=1).to(x.dtype), load, kept
+        return sum_copies(y, order, inverse, top_k).to(x.dtype), load, kept
 
     def _aux(self, routing: Routing, load: Tensor, kept: Tensor, n_seqs: int) -> dict[str, Tensor]:
         cfg = self.cfg

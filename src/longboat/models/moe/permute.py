@@ -4,6 +4,9 @@ Indexing ``x[idx]`` differentiates into a scatter-add (``index_put`` with accumu
 CPU and needs atomics on GPU. When ``idx`` comes from a permutation its inverse is known, and the gradient is a
 plain gather instead. (On CPU the two scatter-adds took 3% of a MoE layer's fp32 forward+backward, ``bench/moe.py``
 under the profiler.)
+
+The two operations here are each other's adjoint: ``permute_rows`` spreads each row into its copies, in a permuted
+order; ``sum_copies`` puts the copies back and sums each row's. Each one's backward is the other's forward.
 """
 
 from __future__ import annotations
@@ -17,20 +20,42 @@ def invert_permutation(order: Tensor) -> Tensor:
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
+def _spread(x: Tensor, order: Tensor, copies: int) -> Tensor:
+    return x[order // copies] if copies > 1 else x[order]
+
+
+def _gather_sum(y: Tensor, inverse: Tensor, copies: int, dtype: torch.dtype | None = None) -> Tensor:
+    y = y[inverse]
+    if copies == 1:
+        return y if dtype is None else y.to(dtype)
+    # copy j of row r is number r * copies + j: a fixed-order sum over each row's copies
+    return y.view(-1, copies, *y.shape[1:]).sum(1, dtype=dtype)
+
+
 class _PermuteRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, order: Tensor, inverse: Tensor, copies: int) -> Tensor:
         ctx.save_for_backward(inverse)
         ctx.copies = copies
-        return x[order // copies] if copies > 1 else x[order]
+        return _spread(x, order, copies)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
         (inverse,) = ctx.saved_tensors
-        grad = grad[inverse]
-        if ctx.copies > 1:  # copy j of row r is number r * copies + j: sum each row's copies
-            grad = grad.view(-1, ctx.copies, *grad.shape[1:]).sum(1)
-        return grad, None, None, None
+        return _gather_sum(grad, inverse, ctx.copies), None, None, None
+
+
+class _SumCopies(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: Tensor, order: Tensor, inverse: Tensor, copies: int) -> Tensor:
+        ctx.save_for_backward(order)
+        ctx.copies, ctx.dtype = copies, y.dtype
+        return _gather_sum(y, inverse, copies, torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        (order,) = ctx.saved_tensors
+        return _spread(grad, order, ctx.copies).to(ctx.dtype), None, None, None
 
 
 def permute_rows(x: Tensor, order: Tensor, inverse: Tensor, copies: int = 1) -> Tensor:
@@ -40,3 +65,9 @@ def permute_rows(x: Tensor, order: Tensor, inverse: Tensor, copies: int = 1) -> 
     ``permute_rows(y, inverse, order)`` puts the rows back.
     """
     return _PermuteRows.apply(x, order, inverse, copies)
+
+
+def sum_copies(y: Tensor, order: Tensor, inverse: Tensor, copies: int) -> Tensor:
+    """The adjoint of ``permute_rows(x, order, inverse, copies)``: ``y``'s rows put back in copy order and each
+    original row's ``copies`` summed in a fixed order, in fp32 -> [y.shape[0] // copies, ...]."""
+    return _SumCopies.apply(y, order, inverse, copies)
