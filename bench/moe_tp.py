@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
-from worker_launch import launch as launch_worker, median_seconds, report as report_result
+from worker_launch import launch as launch_worker, lm_step_seconds, report as report_result
 
 MODES = ("single", "tp split", "tp replicated")
 
@@ -67,22 +66,11 @@ def worker(args: argparse.Namespace) -> None:
     """One measured run (under torchrun for the tp modes); rank 0 prints a RESULT line."""
     import torch
     from torch.distributed.tensor import DTensor
-    from torch.utils.data import Dataset
 
     from longboat.distributed import ParallelConfig, build_mesh, init_runtime, shutdown
     from longboat.distributed.parallelize import parallelize
     from longboat.models import build_model, get_model
-    from longboat.tasks.lm_loss import make_lm_loss
-    from longboat.trainer.config import CheckpointConfig, TrainerConfig
-    from longboat.trainer.trainer import DataParallel, Trainer
-
-    class RandomTokens(Dataset):
-        def __len__(self):
-            return (args.warmup + args.steps) * args.batch
-
-        def __getitem__(self, i):
-            x = torch.randint(0, args.vocab, (args.seq + 1,), generator=torch.Generator().manual_seed(i))
-            return {"tokens": x[:-1], "labels": x[1:]}
+    from longboat.trainer.trainer import DataParallel
 
     runtime = init_runtime("gloo", "cpu")
     cfg = ParallelConfig(tp=runtime.world_size)
@@ -102,15 +90,8 @@ def worker(args: argparse.Namespace) -> None:
     expert_bytes = sum((p.to_local() if isinstance(p, DTensor) else p).nbytes
                        for name, p in model.named_parameters() if ".experts." in name)
     dp = DataParallel(mesh.dp_rank, mesh.dims.dp, mesh.dp_group) if mesh is not None else DataParallel()
-    train_cfg = TrainerConfig(
-        steps=args.warmup + args.steps, micro_batch_size=args.batch, num_workers=0, tensorboard=False,
-        threads=args.threads, log_every=10**6,
-    )
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(train_cfg, CheckpointConfig(export=False), run_dir, model, make_lm_loss(False),
-                          RandomTokens(), dp=dp, device=runtime.device)
-        torch.set_num_threads(args.threads)
-        step_s = median_seconds(trainer.train_step, args.warmup, args.steps)
+    step_s = lm_step_seconds(model, dp, runtime.device, vocab=args.vocab, seq=args.seq,
+                             micro_batch=args.batch, threads=args.threads, warmup=args.warmup, steps=args.steps)
     if runtime.rank == 0:
         report_result({"mode": args.worker, "ranks": runtime.world_size, "step_s": step_s,
                        "expert_mb": expert_bytes / 2**20})
