@@ -8,12 +8,15 @@ expert exactly as in one process; the wrapper then
 
 1. exchanges the per-expert counts (an all-to-all of ``[ep, n_local]`` integers), which gives every rank the
    split sizes,
-2. sends each rank the rows of its experts (``all_to_all_single``, differentiable, so gradients come back the
-   same way),
+2. sends each rank the rows of its experts and their routing weights (``all_to_all_single``, differentiable, so
+   gradients come back the same way),
 3. regroups the received rows (source-major) expert-major and runs the unchanged grouped matmul on the local
    weights,
 4. sends the outputs back and restores the caller's row order; dropped rows (past ``counts.sum()``) come out as
    zeros, as without expert parallel.
+
+Under tensor parallel as well, the mesh is ``ep × tp``: each expert's ffn units are split over tp too
+(``models/moe/tensor_parallel.py``), and the ranks of one tp index exchange tokens among themselves.
 """
 
 from __future__ import annotations
