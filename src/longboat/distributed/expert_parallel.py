@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
 from longboat.models.moe.experts import GroupedExperts
 from longboat.models.moe.permute import invert_permutation, permute_rows
-from longboat.models.moe.tensor_parallel import EXPERT_FFN_DIMS, local_parameters
+from longboat.models.moe.tensor_parallel import EXPERT_FFN_DIMS, local_parameters, set_local_shard_forward
 
 
 def expert_major_order(received: Tensor, total: int | None = None) -> Tensor:
@@ -103,8 +103,7 @@ class ExpertParallel(ParallelStyle):
             with local_parameters(module, grad_scale=1.0 / ep):
                 return dispatch_and_combine(local_forward, x, counts, ep_mesh.get_group(), ep, scale)
 
-        module.forward = forward
-        module._reads_local_shards = True
+        set_local_shard_forward(module, forward)
         return module
 
 

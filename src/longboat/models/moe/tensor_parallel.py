@@ -15,7 +15,7 @@ its experts' forward reads the local shards through ``local_parameters``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +45,12 @@ def reads_local_shards(module: nn.Module) -> bool:
     """Whether ``module``'s forward swaps in its local shards (``FFNSharded``, expert parallel): a compiled graph
     cannot hold that swap, so such modules run eagerly between the graphs of their neighbours."""
     return getattr(module, "_reads_local_shards", False)
+
+
+def set_local_shard_forward(module: nn.Module, forward: Callable[..., Any]) -> None:
+    """Replace ``module``'s forward by one that swaps in its local shards, and mark it so (``reads_local_shards``)."""
+    module.forward = forward
+    module._reads_local_shards = True
 
 
 @contextlib.contextmanager
@@ -141,8 +147,7 @@ class FFNSharded(ParallelStyle):
             with local_parameters(module):
                 return plain_forward(*args, **kwargs)
 
-        module.forward = forward
-        module._reads_local_shards = True
+        set_local_shard_forward(module, forward)
         return module
 
 
