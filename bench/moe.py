@@ -27,6 +27,7 @@ from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from longboat.models.moe import GroupedExperts, MoE, MoEConfig, split_gate_up
+from worker_launch import positive
 
 HF_EAGER, HF_GROUPED = "transformers (eager)", "transformers (grouped_mm)"
 # Published MoE layers: (d_model, experts, top-k, expert ffn).
@@ -92,13 +93,6 @@ def check_same_outputs(variants: dict[str, nn.Module], x: Tensor, dtype: torch.d
     for name, out in outs.items():
         err = ((out[0] if isinstance(out, tuple) else out).float() - ref).norm() / ref.norm()
         assert err < tol, f"{name} differs from {HF_GROUPED}: relative error {err:.1e}"
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def main() -> None:

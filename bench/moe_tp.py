@@ -20,26 +20,33 @@ import argparse
 import sys
 from pathlib import Path
 
-from worker_launch import launch as launch_worker, lm_step_seconds, report as report_result
+from worker_launch import launch as launch_worker, lm_step_seconds, positive, report as report_result
 
 MODES = ("single", "tp split", "tp replicated")
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--ffn", type=int, default=512, help="each expert's ffn width")
-    p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=4, help="global batch (samples per step)")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--d-model", type=positive, default=256)
+    p.add_argument("--layers", type=positive, default=4)
+    p.add_argument("--experts", type=positive, default=8)
+    p.add_argument("--top-k", type=positive, default=2)
+    p.add_argument("--ffn", type=positive, default=512, help="each expert's ffn width")
+    p.add_argument("--vocab", type=positive, default=4096)
+    p.add_argument("--seq", type=positive, default=256)
+    p.add_argument("--batch", type=positive, default=4, help="global batch (samples per step)")
+    p.add_argument("--steps", type=positive, default=6)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="threads of each process")
+    p.add_argument("--threads", type=positive, default=1, help="threads of each process")
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    return p.parse_args()
+    args = p.parse_args()
+    if args.top_k > args.experts:
+        p.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
+    if args.ffn % 2:
+        p.error(f"--ffn must be even (tp 2 splits every expert in two), got {args.ffn}")
+    if args.d_model % 4:
+        p.error(f"--d-model must be a multiple of the model's 4 heads, got {args.d_model}")
+    return args
 
 
 def replicated_experts_plan(cfg) -> dict:

@@ -6,6 +6,7 @@ times the real Trainer's step of a (parallelized) language model on random token
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -15,6 +16,14 @@ import time
 from typing import Callable
 
 RESULT = "RESULT "
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a wrong value ends in one line naming the option)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def median_seconds(step: Callable[[], object], warmup: int, repeats: int) -> float:
