@@ -138,12 +138,13 @@ def apply_activation_checkpointing(model: nn.Module, units: Sequence[str], mode:
 def apply_compile(model: nn.Module, units: Sequence[str], eager: Sequence[nn.Module] = ()) -> None:
     """Compile each unit in place (names unchanged); identical blocks share one compiled graph.
 
-    A unit holding a module of ``eager`` instead has its largest submodules that hold none compiled, each as one
-    graph, and runs the rest eagerly: expert-parallel experts read their all-to-all sizes from the routing on the
-    host and send tokens with an in-place collective, neither of which a graph can hold (torchtitan compiles its
-    MoE blocks the same way).
+    A unit holding a module that must run eagerly instead has its largest submodules that hold none compiled, each
+    as one graph, and runs the rest eagerly (torchtitan compiles its MoE blocks the same way). Such modules are those
+    of ``eager`` and every module whose forward swaps in its local shards (``reads_local_shards``: tensor- and
+    expert-parallel experts). Expert-parallel experts also read their all-to-all sizes from the routing on the host
+    and send tokens with an in-place collective, neither of which a graph can hold.
     """
-    eager_ids = {id(m) for m in eager}
+    eager_ids = {id(m) for m in eager} | {id(m) for m in model.modules() if reads_local_shards(m)}
     for _, _, unit in _require_units(model, units, "parallel.compile"):
         _compile_around(unit, eager_ids)
 
@@ -283,7 +284,7 @@ def parallelize(
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, units, eager=[m for m in model.modules() if reads_local_shards(m)])
+        apply_compile(model, units)
     if uses_fsdp:
         apply_fsdp(model, units, mesh, cfg, forward_methods)
     if _on_meta(model):

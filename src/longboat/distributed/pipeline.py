@@ -36,7 +36,6 @@ from longboat.distributed.parallelize import apply_activation_checkpointing, app
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.distributed.pipeline_tied import TiedWeights
 from longboat.distributed.pipeline_tp import apply_output_tensor_parallel, apply_stage_tensor_parallel, check_plan
-from longboat.models.moe.tensor_parallel import reads_local_shards
 from longboat.models.registry import PipelineSplit
 from longboat.trainer.loss import LossOutput, StagedLoss
 
@@ -236,7 +235,7 @@ def build_pipeline(
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, units, eager=[m for m in model.modules() if reads_local_shards(m)])
+        apply_compile(model, units)
     if len(stage_ids) == 1:
         views = [model]
     else:
