@@ -1,6 +1,7 @@
 """Shared fixtures: a small real corpus (Python standard library sources) tokenized into Megatron files."""
 
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -61,3 +62,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt here and in the commands started here, even when the tests were started in
+    the background, which ignores SIGINT (and so would every process started from it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -92,17 +92,25 @@ def test_server_killed_mid_eval_is_restarted_and_each_episode_runs_once(clean_ru
     assert _outcomes(tmp_path) == clean_run[2]
 
 
-def test_orchestrator_killed_and_rerun_runs_each_episode_once(clean_run, server, tmp_path):
+@pytest.mark.parametrize("stop", ["kill", "ctrl_c"])
+def test_orchestrator_stopped_and_rerun_runs_each_episode_once(clean_run, server, tmp_path, stop, ctrl_c):
+    """Killed, or stopped with Ctrl-C (which ends between env steps with exit status 130), the rerun resumes."""
     config = tmp_path / "eval.yaml"
     config.write_text(yaml.safe_dump({**BASE, "policy": f"ws://{server.host}:{server.port}",
                                       "output_dir": str(tmp_path / "out")}))
     cmd = [sys.executable, "-m", "longboat", "eval", str(config), "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_lines(tmp_path / "out" / "results.jsonl", 1, lambda: proc.poll() is None)
+        if stop == "ctrl_c":
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 130, err
+            assert "interrupted: " in err and "the same command resumes" in err and "Traceback" not in err
+            assert not (tmp_path / "out" / "summary.json").exists()
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
     assert len(read_results(tmp_path / "out" / "results.jsonl")) < len(SEEDS)
     rerun = run_longboat("eval", str(config), "--no-progress", check=True)
     assert "success 3/3" in rerun.stdout

@@ -96,9 +96,10 @@ def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, fl
 
 def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], video_seeds: set[int],
                  clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
-                 timing: Timing) -> Iterator[FinishedEpisode]:
+                 timing: Timing, interrupt: threading.Event | None = None) -> Iterator[FinishedEpisode]:
     """Run the episodes of ``task`` with ``seeds`` on ``min(num_envs, len(seeds))`` envs, one client and one pool
-    thread each; yields each episode as it finishes.
+    thread each; yields each episode as it finishes. Once ``interrupt`` is set the envs stop after their current
+    step, and the episodes still running are dropped.
 
     Envs in one process (``sync``) step together and ask for their chunks together. Envs in processes of their own
     (``async``) each run their own loop in a lane: while one waits for its chunk the others step, so the server and
@@ -106,10 +107,11 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
     n = min(cfg.num_envs, len(seeds))
     mode = vector_mode(cfg, runner, n)
     queue = deque(seeds)
+    stops = (interrupt,) if interrupt is not None else ()
     if mode == "sync" or n == 1:
-        yield from _lane(cfg, runner, task, queue, video_seeds, clients[:n], pool, mode, replan, n_obs, timing)
+        yield from _lane(cfg, runner, task, queue, video_seeds, clients[:n], pool, mode, replan, n_obs, timing, stops)
     else:
-        yield from _lanes(cfg, runner, task, queue, video_seeds, clients[:n], pool, replan, n_obs, timing)
+        yield from _lanes(cfg, runner, task, queue, video_seeds, clients[:n], pool, replan, n_obs, timing, stops)
 
 
 _LANE_DONE = object()
@@ -117,7 +119,7 @@ _LANE_DONE = object()
 
 def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: set[int],
            clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
-           timing: Timing) -> Iterator[FinishedEpisode]:
+           timing: Timing, stops: tuple[threading.Event, ...]) -> Iterator[FinishedEpisode]:
     """One lane (an env, its client and its own loop on a pool thread) per client, all drawing episodes from
     ``queue``; yields episodes as lanes finish them and raises the first lane's error."""
     finished: Queue = Queue()
@@ -127,7 +129,7 @@ def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds
     def drive(i: int) -> None:
         try:
             for episode in _lane(cfg, runner, task, queue, video_seeds, clients[i:i + 1], None, "async", replan,
-                                 n_obs, timings[i], stop):
+                                 n_obs, timings[i], (stop, *stops)):
                 finished.put(episode)
         except BaseException as e:  # handed to the consumer, which raises it
             finished.put(e)
@@ -158,9 +160,10 @@ def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds
 
 def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: set[int],
           clients: list[PolicyClient], pool: Executor | None, mode: str, replan: int, n_obs: int, timing: Timing,
-          stop: threading.Event | None = None) -> Iterator[FinishedEpisode]:
+          stops: tuple[threading.Event, ...] = ()) -> Iterator[FinishedEpisode]:
     """Episodes from ``queue`` on a vector env of ``len(clients)`` envs stepping together, until the queue is empty
-    (or ``stop`` is set); requests go out on ``pool`` threads, or on this thread for a single env without a pool."""
+    (or one of ``stops`` is set); requests go out on ``pool`` threads, or on this thread for a single env without a
+    pool."""
     n = len(clients)
     vec = runner.make_vector_env(task, n, mode)
     try:
@@ -189,7 +192,7 @@ def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds:
                         ep.frames.append(info[FRAME_INFO][i])
 
         start(np.ones(n, bool))
-        while any(slots) and not (stop is not None and stop.is_set()):
+        while any(slots) and not any(s.is_set() for s in stops):
             asks = {i: ep for i, ep in enumerate(slots)
                     if ep is not None and (ep.chunk is None or ep.step - ep.chunk_start >= replan)}
             args = {i: (clients[i], runner.request(_stacked(ep.history), ep.prompt),

@@ -10,6 +10,8 @@ the episodes already in the results file, whichever backend wrote them. How an e
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_c
 from longboat.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, summarize, write_summary
 from longboat.eval.runners import ObservationSpec, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
+from longboat.utils.interrupt import ctrl_c_sets
 
 VIDEO_DIR = "videos"
 
@@ -110,6 +113,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     _check_run(out, cfg)
     results, summary_timing = ResultsFile(out / RESULTS_FILE), None
+    interrupted = threading.Event()
     seeds = cfg.episode_seeds()
     todo = {t: [s for s in seeds if (t, s) not in results.done] for t in cfg.tasks}
     todo = {t: s for t, s in todo.items() if s}
@@ -146,14 +150,21 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                     run_on_ray(cfg, runner, todo, video, url, replan, n_obs, record, results.done, timing)
                 else:
                     pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
+                    stack.enter_context(ctrl_c_sets(interrupted))  # the envs stop between steps
                     for task, task_seeds in todo.items():
                         for finished in run_episodes(cfg, runner, task, task_seeds, video, clients, pool, replan,
-                                                     n_obs, timing):
+                                                     n_obs, timing, interrupted):
                             record(finished)
+                        if interrupted.is_set():
+                            break
                 summary_timing = {"env_s": round(timing.env_s, 3), "request_s": round(timing.request_s, 3),
                                   "vector_steps": timing.steps}
     finally:
         results.close()
+    if interrupted.is_set():
+        print(f"interrupted: {len(results.episodes)} episodes are in {out / RESULTS_FILE}; the same command resumes",
+              file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
     summary = summarize(results.episodes, cfg.tasks)
     summary["policy"], summary["benchmark"] = cfg.policy, cfg.benchmark
     if summary_timing is not None:

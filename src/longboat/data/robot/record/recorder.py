@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +26,7 @@ from longboat.data.robot.record.errors import RecordError
 from longboat.data.robot.record.progress import RecordProgress
 from longboat.data.robot.record.registry import make_env
 from longboat.data.robot.writer import RobotDatasetWriter
+from longboat.utils.interrupt import ctrl_c_sets
 
 DEFAULT_CAMERA_KEY = "main"  # when the environments' default cameras differ in name
 
@@ -119,34 +118,36 @@ def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_su
     writer = RobotDatasetWriter(staged, fps, features, robot_type="+".join(sorted({s.robot_type for s in sims})),
                                 video=video)
     start = time.perf_counter()
-    try:
-        with RecordProgress(progress, len(sims) * episodes) as bar:
-            for i, (sim, res) in enumerate(zip(sims, result.envs)):
-                cams = {key: per_env[i] for key, per_env in views.items()}
-                for ep in range(episodes):
-                    success, n = _episode(sim, writer, cams, size, state_dim, action_dim, max_steps or sim.max_steps,
-                                          seed + ep)
-                    res.episodes += 1
-                    res.successes += success
-                    if success or not only_success:
-                        with _sigint_deferred():  # an episode is written whole or not at all
+    with ctrl_c_sets(threading.Event()) as stop:  # stops between frames
+        try:
+            with RecordProgress(progress, len(sims) * episodes) as bar:
+                for i, (sim, res) in enumerate(zip(sims, result.envs)):
+                    cams = {key: per_env[i] for key, per_env in views.items()}
+                    for ep in range(episodes):
+                        success, n = _episode(sim, writer, cams, size, state_dim, action_dim,
+                                              max_steps or sim.max_steps, seed + ep, stop)
+                        res.episodes += 1
+                        res.successes += success
+                        if success or not only_success:
                             writer.save_episode()
-                        res.saved, res.frames, result.frames = res.saved + 1, res.frames + n, result.frames + n
-                    else:
-                        writer.clear_episode()
-                    bar.advance(res)
-    except KeyboardInterrupt:
-        result.interrupted = True
-    except BaseException:
-        writer.abort()
-        raise
-    with _sigint_deferred():
+                            res.saved, res.frames, result.frames = res.saved + 1, res.frames + n, result.frames + n
+                        else:
+                            writer.clear_episode()
+                        bar.advance(res)
+                        if stop.is_set():
+                            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            result.interrupted = True
+        except BaseException:
+            writer.abort()
+            raise
         if writer.episodes:
             writer.clear_episode()
             writer.close()
         else:
             writer.abort()
             result.output = None
+        result.interrupted |= stop.is_set()
     result.seconds = time.perf_counter() - start
     _report(result)
     if result.interrupted:
@@ -157,8 +158,9 @@ def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_su
 
 
 def _episode(sim: SimEnv, writer, cams: dict[str, str], size: int, state_dim: int, action_dim: int,
-             max_steps: int, seed: int) -> tuple[bool, int]:
-    """Buffer one episode in ``writer``; returns whether it succeeded and its length."""
+             max_steps: int, seed: int, stop: threading.Event) -> tuple[bool, int]:
+    """Buffer one episode in ``writer``; returns whether it succeeded and its length. Raises KeyboardInterrupt
+    after the frame in which ``stop`` was set."""
     state = sim.reset(seed)
     success = False
     for t in range(max_steps):
@@ -170,6 +172,8 @@ def _episode(sim: SimEnv, writer, cams: dict[str, str], size: int, state_dim: in
                           "next.reward": np.float32(reward), "next.success": success, "next.done": done, **images},
                          task=sim.task)
         state = next_state
+        if stop.is_set():
+            raise KeyboardInterrupt
         if done:
             break
     return success, t + 1
@@ -200,22 +204,6 @@ def _check_output(output: Path, overwrite: bool) -> None:
         raise RecordError(f"{output}: already exists (pass overwrite to replace it)")
     if not (output / "meta" / "info.json").is_file():
         raise RecordError(f"{output}: exists and is not a LeRobot dataset; refusing to replace it")
-
-
-@contextmanager
-def _sigint_deferred():
-    """Hold Ctrl-C until the block is done, then raise it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 def _report(result: RecordResult) -> None:
