@@ -3,13 +3,13 @@
 Both run the same config and weights. transformers is timed with its two expert kernels: "eager"
 (the per-expert loop in the modeling file, what a standalone block runs) and "grouped_mm" (what
 from_pretrained selects by default); longboat's MoE module as the trainer calls it, with its "auto"
-choice, the padded path forced, and "halves": w13 laid out as [gate; up] halves instead of interleaved
-rows, which measures what the interleaved split costs. Variants are interleaved within every repeat so
-that load from other processes hits them alike.
+choice, and with the padded path forced. Variants are interleaved within every repeat so that load from
+other processes hits them alike.
 
     python bench/moe.py                      # d_model 1024, 16 experts, top-2, ffn 512, 4096 tokens
     python bench/moe.py --tokens 1024 --repeats 3 --dtypes float32
     python bench/moe.py --shape qwen3-30b-a3b --tokens 16384   # one layer of Qwen3-30B-A3B, on a GPU
+    python bench/moe.py --keep-freed-memory  # CPU memory kept for reuse, as train.keep_freed_memory=true does
 
 Runs on CUDA when it is there (``--device`` to choose), timing with a device sync after each backward.
 """
@@ -21,26 +21,17 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from longboat.models.moe import GroupedExperts, MoE, MoEConfig, split_gate_up
+from longboat.models.moe import MoE, MoEConfig
+from longboat.utils.device import keep_freed_cpu_memory
 from worker_launch import positive
 
 HF_EAGER, HF_GROUPED = "transformers (eager)", "transformers (grouped_mm)"
 # Published MoE layers: (d_model, experts, top-k, expert ffn).
 SHAPES = {"qwen3-30b-a3b": (2048, 128, 8, 768), "deepseek-v3": (7168, 256, 8, 2048)}
-
-
-class HalvesExperts(GroupedExperts):
-    """w13 as [gate rows; up rows], transformers' gate_up_proj layout, split into contiguous halves."""
-
-    @staticmethod
-    def _glu(h: Tensor) -> Tensor:
-        gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
 
 
 def build_variants(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, nn.Module]:
@@ -53,11 +44,7 @@ def build_variants(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, nn
     variants: dict[str, nn.Module] = {"longboat (auto)": ours}
     padded = variants["longboat (padded)"] = MoE(cfg.model_copy(update={"experts_impl": "padded"}))
     padded.load_state_dict(ours.state_dict())
-    halves = variants["longboat (halves)"] = MoE(cfg)
-    halves.load_state_dict(ours.state_dict())
-    halves.experts = HalvesExperts(args.experts, args.d_model, args.ffn)
-    gate_up = torch.cat(split_gate_up(ours.experts.w13.detach()), dim=1)
-    halves.experts.load_state_dict({"w13": gate_up, "w2": ours.experts.w2})
+    gate_up = ours.experts.w13.detach().flatten(1, 2)  # [E, 2, ffn, d] is gate_up_proj's [gate; up] rows
     for impl, name in (("eager", HF_EAGER), ("grouped_mm", HF_GROUPED)):
         hf_cfg = Qwen3MoeConfig(hidden_size=args.d_model, moe_intermediate_size=args.ffn, num_experts=args.experts,
                                 num_experts_per_tok=args.top_k, norm_topk_prob=True)
@@ -107,6 +94,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--shape", choices=sorted(SHAPES), help="a published model's layer (sets the four sizes)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="keep freed CPU memory for reuse (glibc), as train.keep_freed_memory=true does")
     args = parser.parse_args()
     if args.shape:
         args.d_model, args.experts, args.top_k, args.ffn = SHAPES[args.shape]
@@ -114,11 +103,13 @@ def main() -> None:
         parser.error("--device cuda: this torch sees no CUDA device")
     if args.top_k > args.experts:
         parser.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
+    if args.keep_freed_memory and not keep_freed_cpu_memory():
+        parser.error("--keep-freed-memory needs glibc's malloc")
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {where}; d_model {args.d_model}, "
           f"{args.experts} experts, top-{args.top_k}, ffn {args.ffn}, {args.tokens} tokens, forward+backward, "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}" + (", freed memory kept" if args.keep_freed_memory else ""))
 
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)

@@ -46,10 +46,12 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float) -> str:
 
 
 def assert_bias_balancing_moved(run_dir: Path) -> None:
-    """Every step of a run with DeepSeek-V3's aux-free balancing saw unequal expert loads, so every bias update
-    moved the bias by ±rate per expert. (Its final value is no witness: with paired loads the bias can toggle back
-    to zero.) Equal losses and an equal final bias against one process then say it moved identically."""
+    """Most steps of a run with DeepSeek-V3's aux-free balancing saw unequal expert loads, so their bias updates
+    moved the bias by ±rate per expert (a step whose loads came out exactly equal leaves it). Its final value is no
+    witness: with paired loads the bias can toggle back to zero. Equal losses and an equal final bias against one
+    process then say it moved identically."""
     from longboat.trainer.metrics import read_metrics
 
     rows = [r for r in read_metrics(run_dir) if r.get("kind") == "train"]
-    assert rows and all(r["moe_load_max"] > r["moe_load_min"] for r in rows)
+    moved = sum(r["moe_load_max"] > r["moe_load_min"] for r in rows)
+    assert rows and moved >= 0.75 * len(rows), f"{run_dir.name}: the loads differed in {moved} of {len(rows)} steps"

@@ -140,7 +140,7 @@ def test_expert_and_tensor_parallel_split_each_expert_both_ways(runs, case):
     layout = json.loads((runs / case / "layout.json").read_text())
     moe = MODELS[CASES[case].model]["moe"]
     d, n_exp, ffn = moe["d_model"], moe["n_experts"], moe["expert_ffn_dim"]
-    assert layout["layers.1.feed_forward.experts.w13"]["shape"] == [n_exp // 2, ffn, d]  # 2·ffn rows, halved
+    assert layout["layers.1.feed_forward.experts.w13"]["shape"] == [n_exp // 2, 2, ffn // 2, d]
     assert layout["layers.1.feed_forward.experts.w2"]["shape"] == [n_exp // 2, d, ffn // 2]
 
 

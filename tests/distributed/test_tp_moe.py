@@ -109,8 +109,8 @@ def test_pipeline_expert_and_tensor_parallel_split_each_stage_s_experts(runs):
     """Rank 0 (first stage) holds half of its layer's experts, and half of each one's ffn units."""
     layout = json.loads((runs / "pp_ep_tp_qwen3moe" / "layout.json").read_text())
     moe = MODELS["qwen3moe"]["moe"]
-    assert layout["layers.0.feed_forward.experts.w13"]["shape"] == [moe["n_experts"] // 2, moe["expert_ffn_dim"],
-                                                                    moe["d_model"]]
+    assert layout["layers.0.feed_forward.experts.w13"]["shape"] == [moe["n_experts"] // 2, 2,
+                                                                    moe["expert_ffn_dim"] // 2, moe["d_model"]]
     assert not any(name.startswith("layers.1.") for name in layout)  # the second stage's layer lives elsewhere
 
 
@@ -122,7 +122,7 @@ def test_tensor_parallel_splits_every_expert(runs, case):
     moe = MODELS[CASES[case].model]["moe"]
     d, n_exp, ffn = moe["d_model"], moe["n_experts"], moe["expert_ffn_dim"]
     layer = "layers.1.feed_forward"
-    assert layout[f"{layer}.experts.w13"]["shape"] == [n_exp, ffn, d]  # 2·ffn gate and up rows, halved
+    assert layout[f"{layer}.experts.w13"]["shape"] == [n_exp, 2, ffn // 2, d]  # gate and up rows, halved
     assert layout[f"{layer}.experts.w2"]["shape"] == [n_exp, d, ffn // 2]
     assert layout[f"{layer}.router.weight"]["shape"] == [n_exp, d]
     if moe.get("n_shared_experts"):

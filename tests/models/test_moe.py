@@ -42,7 +42,7 @@ def _randomize(module: nn.Module, router_std: float = 1.0) -> None:
 
 @torch.no_grad()
 def _load_from_hf(ours: MoE, hf_block: nn.Module) -> None:
-    """Copy a transformers MoE block's weights into ours (gate_up_proj's halves -> w13's interleaved rows)."""
+    """Copy a transformers MoE block's weights into ours (gate_up_proj's halves -> w13's gate and up)."""
     ours.router.weight.copy_(hf_block.gate.weight)
     ours.experts.w13.copy_(fuse_gate_up(*hf_block.experts.gate_up_proj.chunk(2, dim=1)))
     ours.experts.w2.copy_(hf_block.experts.down_proj)
@@ -291,13 +291,14 @@ def test_topk_norm_min_bounds_the_normaliser():
     torch.testing.assert_close(routing.weights[1], chosen[1] / chosen[1].sum())  # sum ~1: it does not
 
 
-def test_w13_interleaves_gate_and_up_rows_so_row_shards_are_self_contained():
+def test_w13_stacks_gate_and_up_so_ffn_shards_are_self_contained():
     gate, up = torch.arange(6.0).view(1, 3, 2), -torch.arange(6.0).view(1, 3, 2)
     w13 = fuse_gate_up(gate, up)
-    assert w13.shape == (1, 6, 2) and torch.equal(w13[0, 0], gate[0, 0]) and torch.equal(w13[0, 1], up[0, 0])
+    assert w13.shape == (1, 2, 3, 2) and torch.equal(w13[0, 0], gate[0]) and torch.equal(w13[0, 1], up[0])
     assert all(torch.equal(a, b) for a, b in zip(split_gate_up(w13), (gate, up)))
+    assert torch.equal(w13.flatten(1, 2), torch.cat([gate, up], dim=1))  # transformers' gate_up_proj, same memory
 
-    # Two tensor-parallel shards: rows [0, ffn) and [ffn, 2·ffn) of w13 with the matching halves of w2's columns.
+    # Two tensor-parallel shards: ffn units [0, ffn/2) and [ffn/2, ffn) of w13 with the matching halves of w2.
     torch.manual_seed(0)
     full = GroupedExperts(4, D, FFN, impl="grouped_mm")
     full.init_weights(std=0.1, out_std=0.1)
@@ -306,7 +307,7 @@ def test_w13_interleaves_gate_and_up_rows_so_row_shards_are_self_contained():
     for k in range(2):
         shard = GroupedExperts(4, D, FFN // 2, impl="grouped_mm")
         with torch.no_grad():
-            shard.w13.copy_(full.w13[:, k * FFN:(k + 1) * FFN])
+            shard.w13.copy_(full.w13[:, :, k * FFN // 2:(k + 1) * FFN // 2])
             shard.w2.copy_(full.w2[:, :, k * FFN // 2:(k + 1) * FFN // 2])
         shards.append(shard(x, counts))
     torch.testing.assert_close(shards[0] + shards[1], full(x, counts), atol=1e-6, rtol=1e-5)

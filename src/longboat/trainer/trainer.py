@@ -36,7 +36,7 @@ from longboat.trainer.metrics import MetricsWriter
 from longboat.trainer.mfu import cpu_bf16_is_slow, peak_flops
 from longboat.trainer.optim import ParamGroup, build_optimizer
 from longboat.trainer.schedule import build_scheduler
-from longboat.utils.device import peak_memory_mb, resolve_device, set_threads
+from longboat.utils.device import keep_freed_cpu_memory, peak_memory_mb, resolve_device, set_threads
 from longboat.utils.logging import console, rank
 
 
@@ -355,6 +355,9 @@ class Trainer:
 
     def fit(self) -> FitResult:
         set_threads(self.cfg.threads)
+        if self.cfg.keep_freed_memory and not keep_freed_cpu_memory():
+            console.print("[yellow]warning:[/] train.keep_freed_memory needs glibc's malloc; this C library keeps "
+                          "its own defaults")
         self.model.to(self.device)
         if self.ckpt_cfg.resume:
             self.resume()

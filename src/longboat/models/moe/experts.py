@@ -1,8 +1,8 @@
-"""SwiGLU experts stored as 3-D weights and run as one grouped (or padded batched) matmul per projection.
+"""SwiGLU experts stored as stacked weights and run as one grouped (or padded batched) matmul per projection.
 
-Gate and up projections live in one weight ``w13`` [E, 2·ffn, d] with their rows interleaved (row 2i is gate
-row i, row 2i+1 up row i): one matmul computes both, and a slice of rows along dim 1 (a tensor-parallel shard)
-holds the gate and up rows of the same ffn indices.
+Gate and up projections live in one weight ``w13`` [E, 2, ffn, d] (gate at index 0 of dim 1, up at 1). Flattened to
+[E, 2·ffn, d] it is one matmul computing both, whose output holds gate and up as contiguous halves; a slice along
+dim 2 (a tensor-parallel shard) holds the gate and up rows of the same ffn indices, and flattens the same way.
 """
 
 from __future__ import annotations
@@ -46,18 +46,18 @@ def grouped_mm_supported(*tensors: Tensor) -> bool:
 
 
 def fuse_gate_up(gate: Tensor, up: Tensor) -> Tensor:
-    """Gate and up weights [..., ffn, d] -> ``w13`` [..., 2·ffn, d] with their rows interleaved."""
-    return torch.stack([gate, up], dim=-2).flatten(-3, -2)
+    """Gate and up weights [..., ffn, d] -> ``w13`` [..., 2, ffn, d]."""
+    return torch.stack([gate, up], dim=-3)
 
 
 def split_gate_up(w13: Tensor) -> tuple[Tensor, Tensor]:
-    """``w13`` [..., 2·ffn, d] -> (gate, up), each [..., ffn, d] (strided views)."""
-    gate, up = w13.unflatten(-2, (-1, 2)).unbind(-2)
+    """``w13`` [..., 2, ffn, d] -> (gate, up), each [..., ffn, d] (views)."""
+    gate, up = w13.unbind(-3)
     return gate, up
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts: w13 (gate and up, rows interleaved) [E, 2·ffn, d], w2 (down) [E, d, ffn].
+    """E SwiGLU experts: w13 (gate and up) [E, 2, ffn, d], w2 (down) [E, d, ffn].
 
     Input rows arrive sorted by expert: rows [offs[e-1], offs[e]) belong to expert e, where
     offs = cumsum(counts). Rows past the last group (dropped token copies) come out as zeros; a caller that drops
@@ -70,7 +70,7 @@ class GroupedExperts(nn.Module):
         super().__init__()
         self.n_experts = n_experts
         self.impl = impl
-        self.w13 = nn.Parameter(torch.empty(n_experts, 2 * ffn_dim, d_model))
+        self.w13 = nn.Parameter(torch.empty(n_experts, 2, ffn_dim, d_model))
         self.w2 = nn.Parameter(torch.empty(n_experts, d_model, ffn_dim))
 
     def init_weights(self, std: float, out_std: float) -> None:
@@ -94,7 +94,7 @@ class GroupedExperts(nn.Module):
         # grouped_mm leaves rows past offs[-1] uninitialised in its output and its input gradient; zeroing them
         # around each product keeps that garbage out of the result and out of every gradient (scale's included).
         tail = None if dropless else (torch.arange(x.shape[0], device=x.device) >= offs[-1]).unsqueeze(-1)
-        h = self._glu(F.grouped_mm(_zero_tail(x, tail), self.w13.transpose(-2, -1), offs=offs))
+        h = self._glu(F.grouped_mm(_zero_tail(x, tail), self._w13_t(), offs=offs))
         if scale is not None:
             h = _zero_tail(_scaled(_zero_tail(h, tail), scale), tail)
         return _zero_tail(F.grouped_mm(h, self.w2.transpose(-2, -1), offs=offs), tail)
@@ -111,22 +111,26 @@ class GroupedExperts(nn.Module):
         # Slot (e, r) holds row starts[e] + r, or an appended zero row when expert e has fewer rows.
         r = torch.arange(cap, device=x.device)
         src = torch.where(r < counts.unsqueeze(1), starts.unsqueeze(1) + r, n_rows)
-        buf = torch.cat([x, x.new_zeros(1, d)])[src]
+        buf = torch.cat([x, x.new_zeros(1, d)]).index_select(0, src.flatten()).view(n_exp, cap, d)
         if scale is not None:
-            scale = torch.cat([scale, scale.new_zeros(1)])[src]
-        h = _scaled(self._glu(torch.bmm(buf, self.w13.transpose(1, 2))), scale)
+            scale = torch.cat([scale, scale.new_zeros(1)]).index_select(0, src.flatten()).view(n_exp, cap)
+        h = _scaled(self._glu(torch.bmm(buf, self._w13_t())), scale)
         y = torch.bmm(h, self.w2.transpose(1, 2)).view(n_exp * cap, d)
         # Row s of expert e sits at slot e * cap + (s - starts[e]); rows past the last group read a zero row.
         rows = torch.arange(n_rows, device=x.device)
         expert = torch.searchsorted(ends, rows, right=True)
         e = expert.clamp(max=n_exp - 1)
         slot = torch.where(expert < n_exp, e * cap + rows - starts[e], n_exp * cap)
-        return torch.cat([y, y.new_zeros(1, d)])[slot]
+        return torch.cat([y, y.new_zeros(1, d)]).index_select(0, slot)
+
+    def _w13_t(self) -> Tensor:
+        """w13 as the [E, d, 2·ffn] right operand: gate columns, then up columns."""
+        return self.w13.flatten(1, 2).transpose(-2, -1)
 
     @staticmethod
     def _glu(h: Tensor) -> Tensor:
-        """[..., 2·ffn] products of the interleaved w13 -> silu(gate) * up [..., ffn]."""
-        gate, up = h.unflatten(-1, (-1, 2)).unbind(-1)
+        """[..., 2·ffn] products of w13 (gate half, then up half) -> silu(gate) * up [..., ffn]."""
+        gate, up = h.chunk(2, dim=-1)
         return F.silu(gate) * up
 
 

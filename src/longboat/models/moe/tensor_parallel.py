@@ -24,8 +24,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ParallelStyle
 
 
-# The dimension of each GroupedExperts weight that indexes the ffn units (w13 [E, 2·ffn, d], w2 [E, d, ffn]).
-EXPERT_FFN_DIMS = {"w13": 1, "w2": 2}
+# The dimension of each GroupedExperts weight that indexes the ffn units (w13 [E, 2, ffn, d], w2 [E, d, ffn]).
+EXPERT_FFN_DIMS = {"w13": 2, "w2": 2}
 
 
 class ScaleGradient(torch.autograd.Function):
@@ -127,7 +127,7 @@ class ReplicatedInPartialSum(ParallelStyle):
 class FFNSharded(ParallelStyle):
     """Split a feed-forward's weights along their ffn dimension over the tp mesh and run its plain forward on the
     local shards; its output is then this rank's partial sum. ``dims`` maps each (dotted) parameter name to the
-    dimension that indexes the ffn units: for interleaved ``w13`` rows, a contiguous shard holds whole gate/up pairs."""
+    dimension that indexes the ffn units (``w13``'s shard holds the gate and the up rows of the same units)."""
 
     def __init__(self, dims: dict[str, int]) -> None:
         super().__init__()

@@ -1,10 +1,10 @@
 """Mixtral checkpoints (softmax top-k experts in every layer), and the expert stacking MoE families share.
 
 Checkpoints store one tensor per expert (``experts.{j}.w1.weight``, or ``gate_proj``/``up_proj``/``down_proj``).
-Ours are stacked per layer: ``w13`` [E, 2·ffn, d] holds gate and up with their rows interleaved, ``w2``
-[E, d, ffn] the down projection. transformers v5 modules fuse them into ``experts.gate_up_proj`` [E, 2·ffn, d]
-(gate rows first, then up rows) and ``experts.down_proj``; imports accept that layout too, exports write
-per-expert tensors, which is what transformers reads and writes on disk.
+Ours are stacked per layer: ``w13`` [E, 2, ffn, d] holds gate and up, ``w2`` [E, d, ffn] the down projection.
+transformers v5 modules fuse them into ``experts.gate_up_proj`` [E, 2·ffn, d] (gate rows first, then up rows: the
+same memory as ``w13``) and ``experts.down_proj``; imports accept that layout too, exports write per-expert
+tensors, which is what transformers reads and writes on disk.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class MoEAdapter(DenseAdapter):
                 if m.group(2) == "down_proj":
                     layer["down"] = value
                 else:
-                    layer["gate"], layer["up"] = value.chunk(2, dim=1)
+                    layer["gate"], layer["up"] = value.unflatten(1, (2, -1)).unbind(1)
             else:
                 rest[name] = value
         for layer, projs in parts.items():
