@@ -1,5 +1,8 @@
 """Training never hangs on an error, never shares a run directory, and checks before it writes."""
 
+import os
+import re
+import signal
 import sys
 import time
 
@@ -28,6 +31,26 @@ def test_a_failing_rank_ends_the_job(tmp_path):
                   "data.fail_on_rank=1", "parallel.data_parallel=ddp"], log)
     out = finish(proc, log, timeout=150)
     assert proc.returncode != 0 and "injected failure at step 3" in out
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path, ctrl_c):
+    """Ctrl-C (SIGINT to the job's process group, as a terminal sends it) stops a run with loader workers after the
+    current step, with a checkpoint, and exits 130; the rerun resumes from that checkpoint."""
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "longboat", *tiny_run_args(run_dir, corpus, "train.steps=5000",
+                                                                    "train.num_workers=2")], log)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and \
+            not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = finish(proc, log, timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    step = int(re.search(r"SIGINT: saving a checkpoint at step (\d+) and stopping", out).group(1))
+    assert (run_dir / "checkpoints" / f"step_{step:08d}").is_dir()
+    rerun = run_longboat(*tiny_run_args(run_dir, corpus, f"train.steps={step + 2}"), check=True)
+    assert f"at step {step}" in rerun.stdout
 
 
 def test_one_run_per_directory(tmp_path):

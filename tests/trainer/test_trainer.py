@@ -64,19 +64,35 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tmp_path):
         make_trainer(tmp_path / "stop", always_nan, steps=10, max_consecutive_nonfinite=3).fit()
 
 
-def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_a_checkpoint_and_stops(tmp_path, sig, ctrl_c):
+    """SIGTERM (preemption) and Ctrl-C stop after the current step with a checkpoint that resumes."""
     base = make_lm_loss(False)
 
     def loss_then_signal(model, batch):
         if trainer.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
         return base(model, batch)
 
     trainer = make_trainer(tmp_path, loss_then_signal, steps=50)
     result = trainer.fit()
-    assert result.stopped_by_signal and result.step == 3
+    assert result.stopped_by_signal and result.signal == sig and result.step == 3
     assert trainer.checkpoints.latest().name == "step_00000003"
-    assert signal.getsignal(signal.SIGTERM) is not None  # previous handler restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # previous handlers restored
     resumed = make_trainer(tmp_path, steps=5)
     resumed.fit()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path, ctrl_c):
+    base = make_lm_loss(False)
+
+    def loss_then_ctrl_c(model, batch):
+        if trainer.step >= 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return base(model, batch)
+
+    trainer = make_trainer(tmp_path, loss_then_ctrl_c, steps=20, accum=2)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert trainer.step == 2 and trainer.checkpoints.latest() is None  # stopped inside step 3, nothing half-saved

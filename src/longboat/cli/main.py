@@ -44,7 +44,7 @@ def _train(args: argparse.Namespace) -> int:
     from longboat.recipes import train
 
     result = train.run(resolved)
-    return 0 if not result.stopped_by_signal else 143
+    return 0 if not result.stopped_by_signal else 128 + (result.signal or 15)  # the shell's code for that signal
 
 
 def _check(args: argparse.Namespace) -> int:

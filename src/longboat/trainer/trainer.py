@@ -69,6 +69,7 @@ class FitResult:
     valid_loss: float | None
     skipped_steps: int
     stopped_by_signal: bool = False
+    signal: int | None = None  # the signal that stopped it
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
@@ -335,11 +336,20 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
+        """SIGTERM, SIGUSR1 (a scheduler's notice) and Ctrl-C stop the run after the current step, with a checkpoint.
+        In one process a second Ctrl-C stops at once; under torchrun, which passes Ctrl-C on to the ranks that got it
+        from the terminal already, the agent's own grace period is the limit."""
+        one_process = not (dist.is_initialized() and dist.get_world_size() > 1)
+
         def handler(signum, frame):
+            if signum == signal.SIGINT and self._stop_signal == signal.SIGINT and one_process:
+                raise KeyboardInterrupt
             self._stop_signal = signum
 
         previous = {}
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:  # started in the background
+                continue
             try:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread
@@ -399,7 +409,8 @@ class Trainer:
                     if self.ckpt_cfg.every and self.step % self.ckpt_cfg.every == 0 and self.step < self.cfg.steps:
                         self.save_checkpoint()
                     if self._stop_requested():
-                        console.print(f"signal {self._stop_signal}: saving a checkpoint at step {self.step} and stopping")
+                        name = signal.Signals(self._stop_signal).name
+                        console.print(f"{name}: saving a checkpoint at step {self.step} and stopping")
                         stopped = True
                         break
             if not stopped:
@@ -410,7 +421,8 @@ class Trainer:
             for sig, h in previous_handlers.items():
                 signal.signal(sig, h)
             self.metrics.close()
-        return FitResult(self.step, last_train, last_valid, self.skipped_steps, stopped)
+        return FitResult(self.step, last_train, last_valid, self.skipped_steps, stopped,
+                         self._stop_signal if stopped else None)
 
     def _log_eval(self) -> float | None:
         ev = self.evaluate()
