@@ -33,14 +33,14 @@ def gpu_peak_flops(name: str) -> float | None:
 
 
 @functools.lru_cache(maxsize=None)
-def measured_cpu_peak_flops(dtype: torch.dtype = torch.float32, max_n: int = 1024, budget_s: float = 0.3) -> float:
+def measured_cpu_peak_flops(dtype: torch.dtype = torch.float32, max_n: int = 1024, budget_s: float = 0.2) -> float:
     """Best FLOP/s of an n×n matmul on this CPU: the ceiling MFU is measured against.
 
     n doubles from 256 until one product takes 0.1 s or reaches ``max_n``, and only that size is repeated: large
     enough to reach the peak where the dtype is fast, while a CPU without native bf16 (seconds for one 1024² bf16
     product) stops early. The best of the products run in ``budget_s`` (three at least) counts: the first few run
     while the cores and the thread pool wake up, and the best of three of 1024² fp32 read 0.5-0.9 of the best of
-    twenty on two cores, which overstated MFU by as much.
+    twenty on two cores, which overstated MFU by as much. On a shared machine the figure still moves with the load.
     """
     n = 256
     while True:
