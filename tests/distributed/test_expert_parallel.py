@@ -18,9 +18,9 @@ from longboat.distributed.parallelize import apply_activation_checkpointing, app
 from longboat.models import build_model
 from longboat.recipes.config import load_run_config
 from longboat.recipes.preflight import preflight
-from tests.distributed.conftest import REPO, WORKER, assert_bias_balancing_moved, finish, free_ports, start, torchrun
+from tests.distributed.conftest import REPO, WorkerRuns, assert_bias_balancing_moved
 from tests.distributed.test_parallelize import _assert_same_run
-from tests.distributed.train_worker import CASES, MODELS, SAVE_AT, run_case
+from tests.distributed.train_worker import CASES, MODELS, SAVE_AT
 
 
 # ---- pure parts ----------------------------------------------------------------------------------------------
@@ -72,30 +72,17 @@ def test_a_run_checks_its_experts_split_before_it_starts():
 
 
 # ---- real ranks ----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One 4-rank and one 2-rank launch, overlapping the single-process references."""
-    out = tmp_path_factory.mktemp("ep_runs")
-    port2, port4 = free_ports(2)
-    threads = torch.get_num_threads()
-    # The compiled cases trace with AOT autograd and run their graphs eagerly: what expert parallel changes is which
-    # parts become graphs, not how inductor lowers them (tests/models/test_moe_checkpoint_compile.py).
-    aot_eager = {"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"}
-    four = start(torchrun(4, port4, str(WORKER), str(out), "ep_fsdp_deepseek", "ep_fsdp_qwen3moe",
-                          "ep_hsdp_deepseek", "ep_tp_deepseek", "ep_tp_compile_qwen3moe"), out / "four.log", env=aot_eager)
-    try:
-        two = start(torchrun(2, port2, str(WORKER), str(out), "ep_deepseek", "ep_qwen3moe", "fsdp_capacity",
-                             "ep_capacity", "ep_compile_qwen3moe"), out / "two.log", env=aot_eager)
-        run_case(out, "ep_single_deepseek")
-        run_case(out, "ep_single_qwen3moe_accum")
-        log = finish(two, out / "two.log", timeout=300)
-        assert two.returncode == 0, log[-6000:]
-        run_case(out, "single_from_ep_deepseek")
-    finally:
-        torch.set_num_threads(threads)
-        log = finish(four, out / "four.log", timeout=300)
-    assert four.returncode == 0, log[-6000:]
-    return out
+WORKER_RUNS = WorkerRuns(
+    launches={4: ("ep_fsdp_deepseek", "ep_fsdp_qwen3moe", "ep_hsdp_deepseek", "ep_tp_deepseek", "ep_tp_compile_qwen3moe"),
+              2: ("ep_deepseek", "ep_qwen3moe", "fsdp_capacity", "ep_capacity", "ep_compile_qwen3moe")},
+    beside=("single_deepseek", "single_qwen3moe_accum"),  # both write their first gradients
+    after=("single_from_ep_deepseek",),
+)
+
+
+@pytest.fixture
+def runs(worker_runs):
+    return worker_runs
 
 
 def _assert_same_gradients(runs, case: str, ref: str):
@@ -109,12 +96,12 @@ def _assert_same_gradients(runs, case: str, ref: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,ref", [
-    ("ep_qwen3moe", "ep_single_qwen3moe_accum"),
-    ("ep_deepseek", "ep_single_deepseek"),
-    ("ep_fsdp_deepseek", "ep_single_deepseek"),
-    ("ep_compile_qwen3moe", "ep_single_qwen3moe_accum"),
-    ("ep_tp_deepseek", "ep_single_deepseek"),
-    ("ep_tp_compile_qwen3moe", "ep_single_qwen3moe_accum"),
+    ("ep_qwen3moe", "single_qwen3moe_accum"),
+    ("ep_deepseek", "single_deepseek"),
+    ("ep_fsdp_deepseek", "single_deepseek"),
+    ("ep_compile_qwen3moe", "single_qwen3moe_accum"),
+    ("ep_tp_deepseek", "single_deepseek"),
+    ("ep_tp_compile_qwen3moe", "single_qwen3moe_accum"),
 ])
 def test_expert_parallel_training_matches_one_process(runs, case, ref):
     _assert_same_run(runs, case, ref)
@@ -125,8 +112,8 @@ def test_expert_parallel_training_matches_one_process(runs, case, ref):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,ref", [
-    ("ep_fsdp_qwen3moe", "ep_single_qwen3moe_accum"),
-    ("ep_hsdp_deepseek", "ep_single_deepseek"),
+    ("ep_fsdp_qwen3moe", "single_qwen3moe_accum"),
+    ("ep_hsdp_deepseek", "single_deepseek"),
     ("ep_capacity", "fsdp_capacity"),
 ])
 def test_expert_parallel_gradients_match(runs, case, ref):
@@ -146,4 +133,4 @@ def test_expert_and_tensor_parallel_split_each_expert_both_ways(runs, case):
 
 @pytest.mark.slow
 def test_a_checkpoint_saved_under_expert_parallel_resumes_in_one_process(runs):
-    _assert_same_run(runs, "single_from_ep_deepseek", "ep_single_deepseek", first_step=SAVE_AT + 1)
+    _assert_same_run(runs, "single_from_ep_deepseek", "single_deepseek", first_step=SAVE_AT + 1)

@@ -17,8 +17,8 @@ from longboat.distributed.parallelize import parallelize, plan_entry_matches
 from longboat.models import build_model
 from longboat.models.llm.parallel_plan import tensor_parallel_plan
 from longboat.trainer.metrics import read_metrics
-from tests.distributed.conftest import WORKER, finish, free_ports, start, torchrun
-from tests.distributed.train_worker import CASES, MODELS, SAVE_AT, STEPS, run_case
+from tests.distributed.conftest import WorkerRuns
+from tests.distributed.train_worker import CASES, MODELS, MOVED, SAVE_AT, STEPS
 
 MODEL = dict(MODELS["untied_qk"])
 
@@ -113,29 +113,17 @@ def _rows(run_dir) -> dict[int, dict]:
     return {r["step"]: r for r in read_metrics(run_dir)}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every case of train_worker.CASES, with two torchrun launches overlapping the single-process runs."""
-    out = tmp_path_factory.mktemp("runs")
-    port2, port4 = free_ports(2)
-    threads = torch.get_num_threads()
-    four = start(torchrun(4, port4, str(WORKER), str(out), "hsdp", "fsdp_tp"), out / "four.log")
-    try:
-        run_case(out, "single")
-        run_case(out, "single_qk")
-        two = start(
-            torchrun(2, port2, str(WORKER), str(out), "fsdp", "ddp", "tp", "ddp_from_fsdp", "fsdp_from_single", "ddp_accum",
-                     "fsdp_accum"),
-            out / "two.log",
-        )
-        log = finish(two, out / "two.log", timeout=300)
-        assert two.returncode == 0, log[-6000:]
-        run_case(out, "single_from_fsdp")
-    finally:
-        torch.set_num_threads(threads)
-        log = finish(four, out / "four.log", timeout=300)
-    assert four.returncode == 0, log[-6000:]
-    return out
+WORKER_RUNS = WorkerRuns(
+    launches={4: ("hsdp", "fsdp_tp"),
+              2: ("fsdp", "ddp", "tp", "ddp_from_fsdp", "fsdp_from_single", "ddp_accum", "fsdp_accum")},
+    beside=("single", "single_qk"),
+    after=("single_from_fsdp",),
+)
+
+
+@pytest.fixture
+def runs(worker_runs):
+    return worker_runs
 
 
 def _assert_same_run(runs, case: str, ref: str, first_step: int = 1, norm_rel: float = 1e-4):
@@ -160,7 +148,7 @@ def test_parallel_training_matches_one_process(runs, case):
     first = torch.load(runs / ref / "final.pt", weights_only=True)
     torch.manual_seed(0)  # as train_worker.run_case
     init = build_model("decoder", MODELS[CASES[case].model]).state_dict()
-    assert max((first[k] - init[k]).abs().max().item() for k in first) > 0.05  # the weights really moved
+    assert max((first[k] - init[k]).abs().max().item() for k in first) > MOVED  # the weights really moved
 
 
 @pytest.mark.slow

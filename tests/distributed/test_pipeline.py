@@ -19,16 +19,22 @@ from longboat.distributed.pipeline_tp import check_plan
 from longboat.models import build_model, get_model
 from longboat.tasks.lm_loss import make_lm_loss
 from tests.conftest import REPO
-from tests.distributed.conftest import WORKER, assert_bias_balancing_moved, finish, free_ports, start, torchrun
+from tests.distributed.conftest import WorkerRuns, assert_bias_balancing_moved
 from tests.distributed.test_parallelize import _assert_same_run, _rows
-from tests.distributed.train_worker import MODELS, SAVE_AT, run_case
+from tests.distributed.train_worker import MODELS, SAVE_AT
 
-TWO_RANKS = ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single", "pp_tied_from_single", "pp_qwen3moe",
-             "pp_deepseek", "pp_interleaved_deepseek"]
-REFERENCES = ["single_4", "single_tied_4", "single_qwen3moe_accum", "single_deepseek_accum",
-              "single_deepseek_4_accum", "single_qwen3moe_accum_4"]
-FOUR_RANKS = ["pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek", "pp_interleaved_tp", "pp_tp_deepseek",
-              "pp_ep_qwen3moe", "pp_ep_compile_qwen3moe", "pp_fsdp_tied", "pp_tp_tied", "pp4_tied"]
+WORKER_RUNS = WorkerRuns(
+    launches={
+        4: ("pp_fsdp", "pp_interleaved_fsdp", "pp_fsdp_deepseek", "pp_interleaved_tp", "pp_tp_deepseek", "pp_ep_qwen3moe",
+            "pp_ep_compile_qwen3moe", "pp_fsdp_tied", "pp_tp_tied", "pp4_tied"),
+        2: ("pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_from_single", "pp_tied_from_single", "pp_qwen3moe",
+            "pp_deepseek", "pp_interleaved_deepseek"),
+    },
+    # single_qk and single first: pp_from_single and pp_tied_from_single start from their checkpoints
+    beside=("single_qk", "single", "single_4", "single_tied_4", "single_qwen3moe_accum", "single_deepseek_accum",
+            "single_deepseek_4_accum", "single_qwen3moe_accum_4"),
+    after=("single_qk_from_pp", "single_4_from_pp_tp", "single_from_pp_tied"),  # from pp_1f1b, pp_interleaved_tp, pp_fsdp_tied
+)
 
 
 def test_even_split_gives_earlier_stages_the_remainder():
@@ -224,31 +230,9 @@ def test_train_check_names_the_pipeline_mistake(capsys, override, message):
 
 
 # ---- real ranks --------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The pipeline cases of train_worker.CASES: one 2-rank and one 4-rank launch beside the single-process runs."""
-    out = tmp_path_factory.mktemp("pp_runs")
-    port2, port4 = free_ports(2)
-    threads = torch.get_num_threads()
-    # The compiled case runs its graphs through AOT autograd, as tests/distributed/test_expert_parallel.py explains.
-    four = start(torchrun(4, port4, str(WORKER), str(out), *FOUR_RANKS), out / "four.log",
-                 env={"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"})
-    try:
-        run_case(out, "single_qk")  # saves the checkpoint pp_from_single starts from
-        run_case(out, "single")  # and the one pp_tied_from_single starts from
-        two = start(torchrun(2, port2, str(WORKER), str(out), *TWO_RANKS), out / "two.log")
-        for ref in REFERENCES:
-            run_case(out, ref)
-        log = finish(two, out / "two.log", timeout=400)
-        assert two.returncode == 0, log[-6000:]
-        run_case(out, "single_qk_from_pp")  # from pp_1f1b's checkpoint
-    finally:
-        torch.set_num_threads(threads)
-        log = finish(four, out / "four.log", timeout=400)
-    assert four.returncode == 0, log[-6000:]
-    run_case(out, "single_4_from_pp_tp")  # from pp_interleaved_tp's checkpoint
-    run_case(out, "single_from_pp_tied")  # from pp_fsdp_tied's checkpoint
-    return out
+@pytest.fixture
+def runs(worker_runs):
+    return worker_runs
 
 
 @pytest.mark.slow

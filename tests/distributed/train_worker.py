@@ -24,22 +24,23 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, default_collate
 
+from longboat.checkpoint.dcp import COMPLETE_MARKER
 from longboat.distributed import ParallelConfig, ParallelMesh, resolve_dims
 from longboat.distributed.parallelize import parallelize
 from longboat.distributed.names import plain_name
-from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.models import build_model
 from longboat.models import get_model
 from longboat.tasks.lm_loss import make_lm_loss
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.trainer import DataParallel, Trainer
 
-VOCAB, SEQ, STEPS, GLOBAL_BATCH, SAVE_AT = 128, 16, 12, 4, 6
+VOCAB, SEQ, STEPS, GLOBAL_BATCH, SAVE_AT = 128, 16, 8, 4, 4
 # Adam divides by sqrt(v) + eps: with the usual 1e-8 a gradient entry at rounding-noise level still moves its
 # weight by about the learning rate, so runs that differ only in reduction order drift apart by ~1e-3 in 12 steps.
 # A larger eps damps those entries; with it a 1e-7 perturbation of the initial weights moves the final ones by
-# ~1e-6, while the learning rate still moves them by ~0.1.
+# ~1e-6, while the learning rate still moves them by up to LR per step.
 LR, ADAM_EPS = 5e-3, 1e-5
+MOVED = 0.75 * LR * STEPS  # how far some weight of a run that trains moves (Adam moves one at most LR a step)
 BASE = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
 MOE = dict(d_model=32, n_experts=4, top_k=2, expert_ffn_dim=16)
 MODELS = {
@@ -108,11 +109,11 @@ CASES = {
     "hsdp": Case("tied", {"dp_replicate": 2}),
     "fsdp_tp": Case("untied_qk", {"tp": 2}),
     # mixture of experts and latent attention under tensor parallel (test_tp_moe.py)
-    "single_deepseek": Case("deepseek"),
+    "single_deepseek": Case("deepseek", gradients="first"),
     "single_qwen3moe": Case("qwen3moe"),
     "single_qwen2moe": Case("qwen2moe"),
     # The Switch aux loss is not linear in the batch: two data-parallel halves match two accumulated halves.
-    "single_qwen3moe_accum": Case("qwen3moe", grad_accum=2),
+    "single_qwen3moe_accum": Case("qwen3moe", grad_accum=2, gradients="first"),
     "tp_deepseek": Case("deepseek", {"tp": 2}, save_every=SAVE_AT),
     "tp_qwen3moe": Case("qwen3moe", {"tp": 2}),
     "tp_qwen2moe": Case("qwen2moe", {"tp": 2}),
@@ -123,9 +124,8 @@ CASES = {
     "fsdp_from_tp_deepseek": Case("deepseek", resume_from=f"tp_deepseek/checkpoints/step_{SAVE_AT:08d}"),
     "stopped_tp_deepseek": Case("deepseek", {"tp": 2}, slow_from=3),  # stopped by SIGTERM to torchrun
     "single_from_stopped": Case("deepseek", resume_from="stopped_tp_deepseek/checkpoints"),
-    # expert parallel (test_expert_parallel.py): references in one process, then ep 2, ep 2 × FSDP 2, ep 2 × HSDP
-    "ep_single_deepseek": Case("deepseek", gradients="first"),
-    "ep_single_qwen3moe_accum": Case("qwen3moe", grad_accum=2, gradients="first"),  # as single_qwen3moe_accum
+    # expert parallel (test_expert_parallel.py), against single_deepseek and single_qwen3moe_accum: ep 2,
+    # ep 2 × FSDP 2, ep 2 × HSDP
     "single_from_ep_deepseek": Case("deepseek", resume_from=f"ep_deepseek/checkpoints/step_{SAVE_AT:08d}"),
     "ep_deepseek": Case("deepseek", {"ep": 2}, save_every=SAVE_AT, gradients="first"),
     "ep_qwen3moe": Case("qwen3moe", {"ep": 2}, gradients="first"),
@@ -241,6 +241,14 @@ def save_layout(model: torch.nn.Module, path: Path) -> None:
     path.write_text(json.dumps(layout, indent=1))
 
 
+def _wait_for(path: Path, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
 def run_case(out: Path, name: str) -> None:
     case = CASES[name]
     cfg = ParallelConfig(**case.parallel)
@@ -254,6 +262,8 @@ def run_case(out: Path, name: str) -> None:
     loss = make_lm_loss(False)
     pipeline = None
     if dims.pp > 1:
+        from longboat.distributed.pipeline import build_pipeline  # torch's pipelining loads its compiler: ~1 s
+
         model, pipeline = build_pipeline(model, spec.pipeline_split(model.cfg), mesh, cfg, loss, case.grad_accum,
                                          "cpu", spec.parallel_units,
                                          tp_plan=spec.tensor_parallel_plan(model.cfg, dims.tp))
@@ -272,6 +282,8 @@ def run_case(out: Path, name: str) -> None:
     if case.resume_from is not None:
         src = out / case.resume_from  # one checkpoint, or a whole checkpoints/ directory
         if _rank() == 0:
+            if src.name != "checkpoints":
+                _wait_for(src / COMPLETE_MARKER)  # a run beside this one may still be writing it
             dst = run_dir / "checkpoints"
             shutil.copytree(src, dst if src.name == "checkpoints" else dst / src.name)
         _barrier()
@@ -288,6 +300,8 @@ def run_case(out: Path, name: str) -> None:
     if pipeline is None:
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:  # each stage holds its own parameters, gathered on rank 0 as for an export
+        from longboat.distributed.pipeline import gather_full_state
+
         state = gather_full_state(model, mesh)
     if _rank() == 0:
         torch.save(state, run_dir / "final.pt")
@@ -298,7 +312,10 @@ def main(out: str, names: list[str]) -> None:
     dist.init_process_group("gloo")
     try:
         for name in names:
+            start = time.perf_counter()
             run_case(Path(out), name)
+            if _rank() == 0:  # where a launch spends its time, in its log
+                print(f"case {name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     finally:
         dist.destroy_process_group()
 

@@ -31,3 +31,9 @@ def test_every_export_loads_as_the_object_it_names(package):
 def test_the_config_module_loads_without_the_device_mesh():
     code = "import sys, longboat.distributed.config; assert 'longboat.distributed.mesh' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_training_without_a_pipeline_does_not_load_torchs_pipelining():
+    """torch.distributed.pipelining imports torch's compiler (about a second of every process's start-up)."""
+    code = "import sys, longboat.recipes.train; assert 'torch.distributed.pipelining' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

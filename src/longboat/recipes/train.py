@@ -19,7 +19,6 @@ from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILES
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, shutdown
 from longboat.distributed.parallelize import parallelize
-from longboat.distributed.pipeline import build_pipeline, gather_full_state
 from longboat.distributed.rank0_weights import load_from_rank0
 from longboat.models.lora import apply_lora
 from longboat.recipes.artifact import export_metadata
@@ -96,6 +95,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
         if not all(callable(getattr(data.loss_fn, part, None)) for part in ("model_inputs", "output_loss", "aux_loss")):
             raise ConfigError(f"parallel.pp={cfg.parallel.pp}: the {cfg.task} task's loss cannot be split into "
                               "pipeline stages; set parallel.pp=1")
+        from longboat.distributed.pipeline import build_pipeline  # torch's pipelining loads its compiler: ~1 s
+
         model, pipeline = build_pipeline(model, checked.pipeline, mesh, cfg.parallel, data.loss_fn,
                                          cfg.train.grad_accum, runtime.device, spec.parallel_units,
                                          spec.forward_methods, checked.tp_plan)
@@ -180,6 +181,8 @@ def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_
     cfg = resolved.cfg
     weights: torch.nn.Module | dict = model
     if mesh is not None:
+        from longboat.distributed.pipeline import gather_full_state
+
         weights = gather_full_state(model, mesh)
     elif runtime.distributed or cfg.checkpoint.export_hf or cfg.lora is not None:
         # Gathered tensor by tensor and moved to CPU on rank 0 only: no rank holds a second full copy on device,
