@@ -93,11 +93,12 @@ def _merge(declared: list[WorkerRuns]) -> WorkerRuns:
 
 
 def last_step(run_dir: Path) -> int:
-    """The last step in a run's metrics so far (0 before the first)."""
+    """The last training step in a run's metrics so far (0 before the first)."""
+    from longboat.trainer.metrics import read_metrics
+
     try:
-        return max((json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()),
-                   default=0)
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):  # not started, or a line being written
+        return max((r["step"] for r in read_metrics(run_dir)), default=0)
+    except json.JSONDecodeError:  # a line being written
         return 0
 
 
