@@ -28,3 +28,14 @@ def test_matches_torch(max_norm):
 
 def test_no_gradients():
     assert clip_grad_norm([torch.nn.Parameter(torch.ones(2))], 1.0).item() == 0.0
+
+
+def test_a_gradient_counted_elsewhere_is_clipped_but_not_counted():
+    """A tied weight's copy on the last pipeline stage: its first stage counts it in the norm."""
+    params = _params(3.0)
+    copy = torch.nn.Parameter(torch.zeros(3))
+    copy.grad = torch.full((3,), 100.0)
+    counted = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params[:2]]))
+    norm = clip_grad_norm([*params, copy], 0.5, counted_elsewhere=[copy])
+    torch.testing.assert_close(norm, counted)
+    torch.testing.assert_close(copy.grad, torch.full((3,), 100.0 * 0.5 / (counted.item() + 1e-6)))

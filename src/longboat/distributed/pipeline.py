@@ -163,12 +163,14 @@ class Pipeline:
     def evaluate(self, batches: list[dict]) -> LossOutput:
         return self._run(batches, train=False)
 
-    def total_norm(self, local: torch.Tensor) -> torch.Tensor:
-        """The gradient norm over every stage's parameters from this rank's stages' norm."""
-        squared = local.double().square()
-        squared = (squared - self.tied.duplicate_square_norm(self.model).to(squared.device)).clamp(min=0)
-        dist.all_reduce(squared, group=self.group)
-        return squared.sqrt().to(local.dtype)
+    @property
+    def stage_ranks(self) -> int:
+        """How many ranks hold each of this rank's stages (every rank's data-parallel and tensor-parallel peers)."""
+        return dist.get_world_size() // dist.get_world_size(self.group)
+
+    def counted_elsewhere(self) -> list[nn.Parameter]:
+        """Parameters whose gradient the gradient norm counts on another stage: the last stage's tied copies."""
+        return self.tied.copies(self.model)
 
 
 def _floats(out: LossOutput) -> tuple[float, float, int, dict[str, float]]:

@@ -52,11 +52,7 @@ class TiedWeights:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(_local(param.grad), group=self.group)
 
-    def duplicate_square_norm(self, model: nn.Module) -> torch.Tensor:
-        """The squared gradient norm this rank counts a second time: that of its copies, on the last stage."""
-        total = torch.zeros((), dtype=torch.float64)
-        if self.is_copy:
-            for name in self.names:
-                norm = model.get_parameter(name).grad.norm()
-                total += (norm.full_tensor() if isinstance(norm, DTensor) else norm).double().cpu().square()
-        return total
+    def copies(self, model: nn.Module) -> list[nn.Parameter]:
+        """The parameters this rank holds as copies of the first stage's (on the last stage): the gradient norm counts
+        them on the first."""
+        return [model.get_parameter(name) for name in self.names] if self.is_copy else []

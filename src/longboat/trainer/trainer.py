@@ -50,7 +50,10 @@ class Pipeline(Protocol):
 
     def train_step(self, batches: list[dict]) -> LossOutput: ...
     def evaluate(self, batches: list[dict]) -> LossOutput: ...
-    def total_norm(self, local: torch.Tensor) -> torch.Tensor: ...
+    def counted_elsewhere(self) -> list[nn.Parameter]: ...  # gradients another stage counts in the norm
+
+    @property
+    def stage_ranks(self) -> int: ...  # how many ranks hold each stage
 
 
 @dataclass
@@ -259,8 +262,12 @@ class Trainer:
                 p.grad.mul_(scale)
         max_norm = self.cfg.clip_grad_norm if self.cfg.clip_grad_norm else float("inf")
         # Over the whole model: every mesh its parameters live on, and every pipeline stage.
-        grad_norm = clip_grad_norm(self.model.parameters(), max_norm,
-                                   self.pipeline.total_norm if self.pipeline is not None else None)
+        if self.pipeline is not None:
+            grad_norm = clip_grad_norm(self.model.parameters(), max_norm, self.pipeline.stage_ranks,
+                                       self.pipeline.counted_elsewhere())
+        else:
+            grad_norm = clip_grad_norm(self.model.parameters(), max_norm,
+                                       dist.get_world_size() if dist.is_initialized() else 1)
         loss = totals[0].item() / global_count
         finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
