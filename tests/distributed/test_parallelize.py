@@ -156,3 +156,14 @@ def test_parallel_training_matches_one_process(runs, case):
 def test_resume_on_another_layout_continues_the_curve(runs, case):
     """2-rank FSDP → 1 process, 2-rank FSDP → 2-rank DDP, 1 process → 2-rank FSDP, from step SAVE_AT."""
     _assert_same_run(runs, case, "single", first_step=SAVE_AT + 1)
+
+
+@pytest.mark.slow
+def test_steps_and_gathers_run_no_sequential_collectives_worth_a_warning(runs):
+    """DTensor warns, on every rank, when one redistribution takes several collectives. The gradient norm is one
+    all-reduce whatever the layout; gathering FSDP × TP weights for an export takes two all-gathers that torch
+    cannot merge, which the export does not warn about."""
+    logs = sorted(runs.glob("*.log"))
+    assert logs
+    for log in logs:
+        assert "sequential" not in log.read_text(), log.name

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, default_collate
 
 from longboat.checkpoint.dcp import COMPLETE_MARKER
 from longboat.distributed import ParallelConfig, ParallelMesh, resolve_dims
+from longboat.distributed.full_state import full_model_state, quiet_sequential_gathers
 from longboat.distributed.parallelize import parallelize
 from longboat.distributed.names import plain_name
 from longboat.models import build_model
@@ -222,8 +222,9 @@ def save_first_gradients(model: torch.nn.Module, dp: DataParallel, path: Path) -
     model.eval()  # no aux loss and no expert-load counts, which would move the run's bias updates
     make_lm_loss(False)(model, batch).loss_sum.backward()
     scale = dp.size / (GLOBAL_BATCH * SEQ)  # every label counts
-    grads = {plain_name(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) * scale
-             for n, p in model.named_parameters()}
+    with quiet_sequential_gathers():  # as an export gathers
+        grads = {plain_name(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) * scale
+                 for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     if _rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -298,7 +299,7 @@ def run_case(out: Path, name: str) -> None:
     )
     trainer.fit()
     if pipeline is None:
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = full_model_state(model, cpu_offload=True)  # as an export gathers
     else:  # each stage holds its own parameters, gathered on rank 0 as for an export
         from longboat.distributed.pipeline import gather_full_state
 

@@ -21,13 +21,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 from longboat.distributed.expert_parallel import apply_expert_parallel
+from longboat.distributed.full_state import full_model_state
 from longboat.distributed.layout_checks import (
     check_expert_parallel, check_microbatches, check_split, expert_modules, stage_layer_counts,
 )
@@ -257,7 +257,7 @@ def gather_full_state(model: nn.Module, mesh: ParallelMesh) -> dict[str, torch.T
     Each stage's first data-parallel (and tensor-parallel) rank gathers its stage, then sends it to rank 0 through
     the object collectives: simple, and memory-hungry on rank 0 for very large models.
     """
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    state = full_model_state(model)
     sends = mesh.dp_rank == 0 and (mesh.tp is None or mesh.tp.get_local_rank() == 0)  # one rank per stage
     mine = {k: v.cpu() for k, v in state.items()} if sends else {}
     parts: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None

@@ -18,6 +18,7 @@ from longboat.checkpoint.export import save_export
 from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILES
 from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime, launched_world_size, shutdown
+from longboat.distributed.full_state import full_model_state
 from longboat.distributed.parallelize import parallelize
 from longboat.distributed.rank0_weights import load_from_rank0
 from longboat.models.lora import apply_lora
@@ -187,7 +188,7 @@ def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_
     elif runtime.distributed or cfg.checkpoint.export_hf or cfg.lora is not None:
         # Gathered tensor by tensor and moved to CPU on rank 0 only: no rank holds a second full copy on device,
         # and the other ranks get an empty dict.
-        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        weights = full_model_state(model, cpu_offload=True)
     if runtime.rank != 0:
         return
     if cfg.lora is not None:  # exports hold the plain architecture: the adapters folded into the weights
