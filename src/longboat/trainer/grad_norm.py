@@ -50,7 +50,7 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, stage_ranks:
         if id(p) not in skip:
             local, copies = _local_and_copies(p.grad, stage_ranks)
             by_copies[copies].append(local)
-    device = _local_and_copies(params[0], 1)[0].device if params else torch.device("cpu")
+    device = params[0].device if params else torch.device("cpu")  # the backend's (NCCL: the rank's GPU)
     squared = torch.zeros((), dtype=torch.float64, device=device)
     for copies, locals_ in by_copies.items():
         squared += torch.nn.utils.get_total_norm(locals_).double().square() / copies
