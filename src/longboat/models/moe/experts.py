@@ -94,9 +94,8 @@ class GroupedExperts(nn.Module):
         # grouped_mm leaves rows past offs[-1] uninitialised in its output and its input gradient; zeroing them
         # around each product keeps that garbage out of the result and out of every gradient (scale's included).
         tail = None if dropless else (torch.arange(x.shape[0], device=x.device) >= offs[-1]).unsqueeze(-1)
-        h = self._glu(F.grouped_mm(_zero_tail(x, tail), self._w13_t(), offs=offs))
-        if scale is not None:
-            h = _zero_tail(_scaled(_zero_tail(h, tail), scale), tail)
+        h13 = _zero_tail(F.grouped_mm(_zero_tail(x, tail), self._w13_t(), offs=offs), tail)
+        h = _zero_tail(swiglu(h13, scale, overwrite=True), tail)
         return _zero_tail(F.grouped_mm(h, self.w2.transpose(-2, -1), offs=offs), tail)
 
     def _padded(self, x: Tensor, counts: Tensor, scale: Tensor | None) -> Tensor:
@@ -114,7 +113,7 @@ class GroupedExperts(nn.Module):
         buf = torch.cat([x, x.new_zeros(1, d)]).index_select(0, src.flatten()).view(n_exp, cap, d)
         if scale is not None:
             scale = torch.cat([scale, scale.new_zeros(1)]).index_select(0, src.flatten()).view(n_exp, cap)
-        h = _scaled(self._glu(torch.bmm(buf, self._w13_t())), scale)
+        h = swiglu(torch.bmm(buf, self._w13_t()), scale, overwrite=True)
         y = torch.bmm(h, self.w2.transpose(1, 2)).view(n_exp * cap, d)
         # Row s of expert e sits at slot e * cap + (s - starts[e]); rows past the last group read a zero row.
         rows = torch.arange(n_rows, device=x.device)
@@ -127,17 +126,85 @@ class GroupedExperts(nn.Module):
         """w13 as the [E, d, 2·ffn] right operand: gate columns, then up columns."""
         return self.w13.flatten(1, 2).transpose(-2, -1)
 
+
+
+# On CPU the SwiGLU's elementwise chain runs over blocks of rows of about this many bytes, so that its temporaries
+# (fp32 copies for a half-precision product among them) stay small and in cache instead of each op streaming whole
+# activations through memory; accelerators take all rows at once.
+_CPU_BLOCK_BYTES = 1 << 20
+
+
+def _row_blocks(rows: int, h: Tensor) -> list[slice]:
+    if h.device.type != "cpu":
+        return [slice(0, rows)]
+    step = max(1, _CPU_BLOCK_BYTES // (h.shape[-1] * h.element_size()))
+    return [slice(start, start + step) for start in range(0, rows, step)]
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up * scale for gate and up, the two halves of the last dimension of one projection's output.
+
+    One function rather than autograd's four nodes: backward writes the gradients of gate and up straight into the
+    two halves of one buffer instead of concatenating them. With ``overwrite`` that buffer is the saved product itself,
+    for a caller whose product nothing else reads (a matmul's output: the matmul saves its inputs); autograd's version
+    check then refuses a second backward through the graph.
+    """
+
     @staticmethod
-    def _glu(h: Tensor) -> Tensor:
-        """[..., 2·ffn] products of w13 (gate half, then up half) -> silu(gate) * up [..., ffn]."""
+    def forward(ctx, h: Tensor, scale: Tensor | None, overwrite: bool) -> Tensor:
+        lead, width = h.shape[:-1], h.shape[-1]
+        h2 = h.reshape(-1, width)
+        hidden = h2.new_empty(h2.shape[0], width // 2)
+        out = hidden if scale is None else torch.empty_like(hidden)
+        scale2 = None if scale is None else scale.reshape(-1, 1)
+        for rows in _row_blocks(h2.shape[0], h2):
+            gate, up = h2[rows].chunk(2, dim=-1)
+            torch.ops.aten.silu.out(gate, out=hidden[rows]).mul_(up)
+            if scale2 is not None:  # in the scale's precision (fp32 routing weights), rounded once to h's dtype
+                torch.mul(hidden[rows], scale2[rows], out=out[rows])
+        ctx.overwrite = overwrite
+        ctx.save_for_backward(h, None if scale is None else hidden, scale)
+        return out.view(*lead, width // 2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
+        h, hidden, scale = ctx.saved_tensors
+        width = h.shape[-1]
+        overwrite = ctx.overwrite and h.is_contiguous()
+        grad_h = h if overwrite else torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        h2, grad_h2, grad2 = h.reshape(-1, width), grad_h.view(-1, width), grad.reshape(-1, width // 2)
+        grad_scale = None
+        if scale is not None:
+            scale2 = scale.reshape(-1, 1)
+            hidden2 = hidden.view(-1, width // 2)
+            if ctx.needs_input_grad[1]:
+                grad_scale = torch.empty(scale2.shape[0], dtype=scale.dtype, device=scale.device)
+        for rows in _row_blocks(h2.shape[0], h2):
+            g = grad2[rows]
+            if scale is not None:
+                if grad_scale is not None:
+                    torch.linalg.vecdot(g.to(scale.dtype), hidden2[rows].to(scale.dtype), out=grad_scale[rows])
+                g = torch.mul(g, scale2[rows], out=torch.empty_like(g))
+            gate, up = h2[rows].chunk(2, dim=-1)
+            grad_gate, grad_up = grad_h2[rows].chunk(2, dim=-1)
+            grad_silu = g * up
+            torch.mul(g, F.silu(gate), out=grad_up)  # after up's last read: it may be the same memory
+            torch.ops.aten.silu_backward.grad_input(grad_silu, gate, grad_input=grad_gate)
+        if grad_scale is not None:
+            grad_scale = grad_scale.view(scale.shape)
+        return grad_h, grad_scale, None
+
+
+def swiglu(h: Tensor, scale: Tensor | None = None, overwrite: bool = False) -> Tensor:
+    """h [..., 2·ffn] (gate half, then up half) and an optional per-row scale [...] -> silu(gate) * up * scale
+    [..., ffn] in h's dtype. The scale multiplies in its own precision (fp32 routing weights). ``overwrite``: backward
+    may write h's gradient over h (pass it only for a product nothing else reads, such as a matmul's fresh output).
+    """
+    if torch.compiler.is_compiling():  # the same ops, left for the compiler to fuse
         gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
-
-
-def _scaled(h: Tensor, scale: Tensor | None) -> Tensor:
-    """h [..., ffn] times a per-row scale [...], computed in the scale's precision (fp32 routing weights) and
-    returned in h's dtype for the down projection."""
-    return h if scale is None else (h * scale.unsqueeze(-1)).to(h.dtype)
+        hidden = F.silu(gate) * up
+        return hidden if scale is None else (hidden * scale.unsqueeze(-1)).to(h.dtype)
+    return _SwiGLU.apply(h, scale, overwrite)
 
 
 def _zero_tail(t: Tensor, tail: Tensor | None) -> Tensor:

@@ -98,7 +98,7 @@ class MoE(nn.Module):
         scale = permute_rows(routing.weights.reshape(-1, 1), order, inverse).view(-1)
         y = self.experts(permute_rows(x, order, inverse, top_k), kept, dropless=capacity is None, scale=scale)
         # Back to (token, choice) order, then a fixed-order fp32 sum over the k choices.
-        return sum_copies(y, order, inverse, top_k).to(x.dtype), load, kept
+        return sum_copies(y, order, inverse, top_k), load, kept
 
     def _aux(self, routing: Routing, load: Tensor, kept: Tensor, n_seqs: int) -> dict[str, Tensor]:
         cfg = self.cfg

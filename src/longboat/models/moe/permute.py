@@ -13,6 +13,7 @@ order; ``sum_copies`` puts the copies back and sums each row's. Each one's backw
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -25,12 +26,18 @@ def _spread(x: Tensor, order: Tensor, copies: int) -> Tensor:
     return x.index_select(0, order // copies if copies > 1 else order)
 
 
-def _gather_sum(y: Tensor, inverse: Tensor, copies: int, dtype: torch.dtype | None = None) -> Tensor:
-    y = y.index_select(0, inverse)
+def _gather_sum(y: Tensor, inverse: Tensor, copies: int) -> Tensor:
     if copies == 1:
-        return y if dtype is None else y.to(dtype)
-    # copy j of row r is number r * copies + j: a fixed-order sum over each row's copies
-    return y.view(-1, copies, *y.shape[1:]).sum(1, dtype=dtype)
+        return y.index_select(0, inverse)
+    # Copy j of row r is number r * copies + j: each row's copies are summed in a fixed order.
+    if y.dtype == torch.float32 and y.dim() == 2:
+        # One pass, without the gathered [rows * copies, d] intermediate.
+        return F.embedding_bag(inverse.view(-1, copies), y.contiguous(), mode="sum")
+    # Half precision sums in fp32 and rounds once (CPU's embedding_bag would round bf16 ties away from zero).
+    grouped = y.index_select(0, inverse).view(-1, copies, *y.shape[1:])
+    if copies == 2:  # one add, the same rounding: CPU reduces a dimension of two several times slower
+        return torch.add(grouped[:, 0], grouped[:, 1])
+    return grouped.sum(1)
 
 
 class _PermuteRows(torch.autograd.Function):
@@ -50,13 +57,13 @@ class _SumCopies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y: Tensor, order: Tensor, inverse: Tensor, copies: int) -> Tensor:
         ctx.save_for_backward(order)
-        ctx.copies, ctx.dtype = copies, y.dtype
-        return _gather_sum(y, inverse, copies, torch.float32)
+        ctx.copies = copies
+        return _gather_sum(y, inverse, copies)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
         (order,) = ctx.saved_tensors
-        return _spread(grad, order, ctx.copies).to(ctx.dtype), None, None, None
+        return _spread(grad, order, ctx.copies), None, None, None
 
 
 def permute_rows(x: Tensor, order: Tensor, inverse: Tensor, copies: int = 1) -> Tensor:
@@ -70,5 +77,6 @@ def permute_rows(x: Tensor, order: Tensor, inverse: Tensor, copies: int = 1) -> 
 
 def sum_copies(y: Tensor, order: Tensor, inverse: Tensor, copies: int) -> Tensor:
     """The adjoint of ``permute_rows(x, order, inverse, copies)``: ``y``'s rows put back in copy order and each
-    original row's ``copies`` summed in a fixed order, in fp32 -> [y.shape[0] // copies, ...]."""
+    original row's ``copies`` summed in a fixed order, in fp32 rounded once to y's dtype -> [y.shape[0] // copies, ...].
+    """
     return _SumCopies.apply(y, order, inverse, copies)
