@@ -153,15 +153,15 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, scale: Tensor | None, overwrite: bool) -> Tensor:
         lead, width = h.shape[:-1], h.shape[-1]
-        h2 = h.reshape(-1, width)
-        hidden = h2.new_empty(h2.shape[0], width // 2)
+        flat_h = h.reshape(-1, width)
+        hidden = flat_h.new_empty(flat_h.shape[0], width // 2)
         out = hidden if scale is None else torch.empty_like(hidden)
-        scale2 = None if scale is None else scale.reshape(-1, 1)
-        for rows in _row_blocks(h2.shape[0], h2):
-            gate, up = h2[rows].chunk(2, dim=-1)
+        flat_scale = None if scale is None else scale.reshape(-1, 1)
+        for rows in _row_blocks(flat_h.shape[0], flat_h):
+            gate, up = flat_h[rows].chunk(2, dim=-1)
             torch.ops.aten.silu.out(gate, out=hidden[rows]).mul_(up)
-            if scale2 is not None:  # in the scale's precision (fp32 routing weights), rounded once to h's dtype
-                torch.mul(hidden[rows], scale2[rows], out=out[rows])
+            if flat_scale is not None:  # in the scale's precision (fp32 routing weights), rounded once to h's dtype
+                torch.mul(hidden[rows], flat_scale[rows], out=out[rows])
         ctx.overwrite = overwrite
         ctx.save_for_backward(h, None if scale is None else hidden, scale)
         return out.view(*lead, width // 2)
@@ -172,21 +172,21 @@ class _SwiGLU(torch.autograd.Function):
         width = h.shape[-1]
         overwrite = ctx.overwrite and h.is_contiguous()
         grad_h = h if overwrite else torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        h2, grad_h2, grad2 = h.reshape(-1, width), grad_h.view(-1, width), grad.reshape(-1, width // 2)
+        flat_h, flat_grad_h, flat_grad = h.reshape(-1, width), grad_h.view(-1, width), grad.reshape(-1, width // 2)
         grad_scale = None
         if scale is not None:
-            scale2 = scale.reshape(-1, 1)
-            hidden2 = hidden.view(-1, width // 2)
+            flat_scale = scale.reshape(-1, 1)
+            flat_hidden = hidden.view(-1, width // 2)
             if ctx.needs_input_grad[1]:
-                grad_scale = torch.empty(scale2.shape[0], dtype=scale.dtype, device=scale.device)
-        for rows in _row_blocks(h2.shape[0], h2):
-            g = grad2[rows]
+                grad_scale = torch.empty(flat_scale.shape[0], dtype=scale.dtype, device=scale.device)
+        for rows in _row_blocks(flat_h.shape[0], flat_h):
+            g = flat_grad[rows]
             if scale is not None:
                 if grad_scale is not None:
-                    torch.linalg.vecdot(g.to(scale.dtype), hidden2[rows].to(scale.dtype), out=grad_scale[rows])
-                g = torch.mul(g, scale2[rows], out=torch.empty_like(g))
-            gate, up = h2[rows].chunk(2, dim=-1)
-            grad_gate, grad_up = grad_h2[rows].chunk(2, dim=-1)
+                    torch.linalg.vecdot(g.to(scale.dtype), flat_hidden[rows].to(scale.dtype), out=grad_scale[rows])
+                g = torch.mul(g, flat_scale[rows], out=torch.empty_like(g))
+            gate, up = flat_h[rows].chunk(2, dim=-1)
+            grad_gate, grad_up = flat_grad_h[rows].chunk(2, dim=-1)
             grad_silu = g * up
             torch.mul(g, F.silu(gate), out=grad_up)  # after up's last read: it may be the same memory
             torch.ops.aten.silu_backward.grad_input(grad_silu, gate, grad_input=grad_gate)
