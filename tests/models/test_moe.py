@@ -381,17 +381,39 @@ def test_init_draws_gate_and_up_from_the_input_std():
 def test_auto_impl_choice():
     experts = MoE(MoEConfig(d_model=D, n_experts=4, top_k=2, expert_ffn_dim=FFN)).experts
     x = torch.randn(32, D)
-    # grouped_mm whenever it accepts the operands, balanced or skewed loads alike.
-    assert experts._choose_impl(x, torch.tensor([8, 8, 8, 8])) == "grouped_mm"
-    assert experts._choose_impl(x, torch.tensor([29, 1, 1, 1])) == "grouped_mm"
+    # grouped_mm whenever it accepts the operands.
+    assert experts._choose_impl(x, experts.w13, experts.w2) == "grouped_mm"
 
     # d_model 12 in fp32 is 48 bytes (aligned), ffn 10 is 40 bytes (not): grouped_mm would refuse.
     layer = MoE(MoEConfig(d_model=12, n_experts=4, top_k=2, expert_ffn_dim=10))
     layer.router.weight.data.normal_()
     x = torch.randn(16, 12)
-    assert layer.experts._choose_impl(x, torch.tensor([29, 1, 1, 1])) == "padded"
+    assert layer.experts._choose_impl(x, layer.experts.w13, layer.experts.w2) == "padded"
     y, _ = layer(x)
     torch.testing.assert_close(y, _reference_routed(layer, x, layer.router(x)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["auto", "padded"])
+def test_experts_under_autocast_run_in_its_dtype(impl):
+    """grouped_mm is on none of autocast's lists; the experts cast its operands as autocast casts a matmul's, so
+    bf16 autocast over fp32 weights computes exactly what a bf16 copy computes, with fp32 gradients."""
+    torch.manual_seed(0)
+    experts = GroupedExperts(4, D, FFN, impl)
+    experts.init_weights(std=0.1, out_std=0.1)
+    copy = GroupedExperts(4, D, FFN, impl).to(torch.bfloat16)
+    copy.load_state_dict(experts.state_dict())
+    x, counts, scale = torch.randn(32, D), torch.tensor([10, 6, 9, 7]), torch.rand(32)
+    xa, xb = x.clone().requires_grad_(), x.to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = experts(xa, counts, dropless=True, scale=scale)
+    y_copy = copy(xb, counts, dropless=True, scale=scale)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y_copy)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    y_copy.backward(grad)
+    assert xa.grad.dtype == torch.float32 and torch.equal(xa.grad, xb.grad.float())
+    for p, p_copy in zip(experts.parameters(), copy.parameters()):
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, p_copy.grad.float())
 
 
 def test_capacity_drops_later_tokens_and_reports_counts():
