@@ -135,7 +135,6 @@ def _gate_up_operand(w13: Tensor) -> Tensor:
     return w13.flatten(1, 2).transpose(-2, -1)
 
 
-
 # On CPU the SwiGLU's elementwise chain runs over blocks of rows of about this many bytes, so that its temporaries
 # (fp32 copies for a half-precision product among them) stay small and in cache instead of each op streaming whole
 # activations through memory; accelerators take all rows at once.
