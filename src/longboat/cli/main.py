@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except LongboatError as e:
         error(str(e))
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         error("interrupted")
         return 130
