@@ -1,13 +1,18 @@
 """``longboat train`` under torchrun and ``--nproc``: a real 2-rank run, and mistakes that must fail fast."""
 
+import os
+import re
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from longboat.recipes.generate import load_for_inference
 from longboat.trainer.metrics import read_metrics
-from tests.conftest import tiny_run_args
+from tests.conftest import REPO, tiny_run_args
 from tests.distributed.conftest import finish, free_ports, start, torchrun
 
 pytestmark = pytest.mark.slow
@@ -35,6 +40,38 @@ def test_misconfigured_runs_fail_on_every_rank_without_hanging(tmp_path):
     heads = "parallel.tp=2 must divide the model's n_heads (4) and n_kv_heads (1)"
     assert any(f"[rank {r}] {mesh}" in logs["mesh"] for r in (0, 1))
     assert any(f"[rank {r}] {heads}" in logs["heads"] for r in (0, 1))
+
+
+def test_a_rank_error_under_nproc_is_the_only_output(tmp_path):
+    """torchrun's ChildFailedError traceback and failure table no longer follow the ranks' own error lines; the job
+    exits with the failing rank's status (2: bad input)."""
+    cmd = [sys.executable, "-m", "longboat", "train", "--nproc", "2", "configs/pretrain/quickstart.yaml",
+           f"run_dir={tmp_path / 'run'}", "parallel.tp=2", "model.n_kv_heads=1", *NO_DATA]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    lines = proc.stderr.splitlines()
+    assert lines and all(line.startswith("error: [rank ") for line in lines), proc.stderr[-4000:]
+    assert "must divide the model's n_heads (4) and n_kv_heads (1)" in lines[0]
+
+
+def test_sigterm_to_the_nproc_launcher_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
+    """The launcher runs in the command's process: a SIGTERM to it reaches the ranks, which stop after the same step
+    with one checkpoint, and the job exits 143 (128 + SIGTERM) without a launcher traceback."""
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    args = tiny_run_args(run_dir, corpus, "train.steps=5000", "train.num_workers=0", "checkpoint.export=false")
+    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", *args[1:]], log)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and \
+            not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, log, timeout=120)
+    assert proc.returncode == 143, out[-4000:]
+    assert "Traceback" not in out and "ChildFailedError" not in out
+    step = int(re.search(r"SIGTERM: saving a checkpoint at step (\d+) and stopping", out).group(1))
+    assert (run_dir / "checkpoints" / f"step_{step:08d}" / "COMPLETE").is_file()
 
 
 def test_train_on_two_ranks_and_export_the_gathered_model(corpus, tmp_path):

@@ -21,16 +21,15 @@ def _at_least_one(text: str) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    """Re-run this command as ``torchrun --standalone --nproc_per_node N -m longboat train ...``."""
+    """Run this command on ``--nproc`` ranks through torchrun's launcher (``distributed.launch``)."""
     import os
 
     from longboat.config.base import ConfigError
+    from longboat.distributed.launch import launch_local
 
     if "WORLD_SIZE" in os.environ:
         raise ConfigError("--nproc starts its own ranks; drop it when launching with torchrun")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-           "-m", "longboat", "train", args.config, *args.overrides]
-    os.execv(sys.executable, cmd)  # torchrun takes over this process: signals and the exit status are its own
+    return launch_local(args.nproc, ["-m", "longboat", "train", args.config, *args.overrides])
 
 
 def _train(args: argparse.Namespace) -> int:
