@@ -133,8 +133,8 @@ def bench_model(name: str, model_cfg: DecoderConfig, args: argparse.Namespace, c
                 times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     tokens_per_s = args.batch * args.seq * runtime.world_size / step_s
-    peak = peak_flops(runtime.device, torch.bfloat16) * runtime.world_size
-    mfu = tokens_per_s * model_cfg.flops_per_token(args.seq) / peak
+    mfu = peak_flops(runtime.device, torch.bfloat16).mfu(tokens_per_s * model_cfg.flops_per_token(args.seq)
+                                                         / runtime.world_size)
     memory = f" · peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if on_gpu else ""
     active = f", {model_cfg.num_params(active=True) / 1e9:.2f}B active" if model_cfg.moe is not None else ""
     del trainer, model  # the next model's weights and optimizer state take their place

@@ -399,7 +399,7 @@ class Trainer:
                         rate = window_units / elapsed if elapsed > 0 else 0.0
                         m[rate_key] = rate
                         if self.flops_per_unit:
-                            m["mfu"] = rate * self.flops_per_unit / (self._peak * self._n_devices)
+                            m["mfu"] = self._peak.mfu(rate * self.flops_per_unit / self._n_devices)
                         if self.loader.epoch is not None:
                             m["epoch"] = self.loader.epoch
                         m["peak_mem_mb"] = peak_memory_mb(self.device)
