@@ -9,7 +9,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from longboat.checkpoint.dcp import CheckpointError, CheckpointManager, ModelOptimizerState, load_model_weights
-from longboat.checkpoint.integrity import MANIFEST
+from longboat.checkpoint.integrity import MANIFEST, file_checksum
 from longboat.checkpoint.safe_dcp import load_dcp, read_metadata
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.moe import split_gate_up
@@ -51,6 +51,7 @@ def _record_size(checkpoint: Path, name: str) -> None:
     """Make the manifest agree with a file replaced on purpose, as someone crafting a checkpoint would."""
     manifest = json.loads((checkpoint / MANIFEST).read_text())
     manifest["files"][name] = (checkpoint / name).stat().st_size
+    manifest["checksums"][name] = file_checksum(checkpoint / name)
     (checkpoint / MANIFEST).write_text(json.dumps(manifest))
 
 

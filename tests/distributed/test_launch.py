@@ -1,5 +1,6 @@
 """``longboat train`` under torchrun and ``--nproc``: a real 2-rank run, and mistakes that must fail fast."""
 
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import time
 import pytest
 import torch
 
+from longboat.checkpoint.integrity import MANIFEST, checkpoint_problem
 from longboat.recipes.generate import load_for_inference
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import REPO, tiny_run_args
@@ -85,6 +87,10 @@ def test_train_on_two_ranks_and_export_the_gathered_model(corpus, tmp_path):
     assert "mesh dp_replicate 1 × dp_shard 2 × tp 1 (fsdp)" in out
     assert out.count("exported to") == 1  # rank 0 speaks for the job
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
+    # Each rank checksums the files it writes; the manifest holds both ranks' files.
+    manifest = json.loads((run_dir / "checkpoints" / "step_00000004" / MANIFEST).read_text())
+    assert {"__0_0.distcp", "__1_0.distcp", "rng_rank1.pt"} <= set(manifest["checksums"]) == set(manifest["files"])
+    assert checkpoint_problem(run_dir / "checkpoints" / "step_00000004") is None
     exported = load_for_inference(run_dir / "export").model.state_dict()
     checkpointed = load_for_inference(run_dir / "checkpoints" / "step_00000004").model.state_dict()
     assert exported.keys() == checkpointed.keys()

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from longboat.checkpoint.errors import CheckpointError
-from longboat.checkpoint.integrity import COMPLETE_MARKER, checkpoint_problem
+from longboat.checkpoint.integrity import COMPLETE_MARKER, MANIFEST, checkpoint_problem, has_checksums, read_manifest
 from longboat.utils.logging import console
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -49,3 +49,34 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
         raise CheckpointError(f"{done[-1]}: damaged checkpoint: {checkpoint_problem(done[-1])}; "
                               f"no complete checkpoint in {directory} is intact")
     return None
+
+
+def checkpoints_at(path: str | os.PathLike) -> list[Path]:
+    """The checkpoints ``path`` names: itself when it is one, else the complete ones of a run directory (or of its
+    ``checkpoints/`` directory), oldest first."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such directory")
+    if any((path / name).is_file() for name in (COMPLETE_MARKER, MANIFEST, ".metadata")):
+        return [path]
+    found = complete_checkpoints(path / "checkpoints") or complete_checkpoints(path)
+    if not found:
+        raise CheckpointError(f"{path}: neither a checkpoint nor a run directory holding a complete checkpoint")
+    return found
+
+
+def verify_report(path: Path) -> tuple[str | None, str]:
+    """(the first problem of checkpoint ``path`` or None, what was checked)."""
+    if not (path / COMPLETE_MARKER).is_file():
+        return f"not a complete checkpoint (no {COMPLETE_MARKER} marker)", ""
+    problem = checkpoint_problem(path)
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError:
+        manifest = None
+    if manifest is None or not isinstance(manifest.get("files"), dict):
+        return problem, "no file list (format 1), DCP files present"
+    n = len(manifest["files"])
+    if has_checksums(path):
+        return problem, f"{n} files, sizes and checksums"
+    return problem, f"{n} files, sizes only (written before checksums were recorded)"

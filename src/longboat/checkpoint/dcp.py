@@ -3,7 +3,7 @@
 A checkpoint is ``<dir>/step_<N>/`` holding the DCP files (model, optimizer, scheduler, trainer and data
 position, and when present the EMA weights), the task's state as ``task_state.safetensors`` (small tensors such
 as normalisation statistics, readable without knowing their shapes), one ``rng_rank<R>.pt`` per rank and
-``checkpoint.json`` (format version, the top-level keys saved and every file with its size; format 1 had no
+``checkpoint.json`` (format version, the top-level keys saved and every file with its size and CRC-32; format 1 had no
 such file and saved ``train``, ``scheduler`` and ``trainer`` only). It is written under ``step_<N>.tmp`` and
 renamed when complete, so a crash mid-write leaves nothing that ``latest()`` would pick, and a checkpoint
 damaged later is found from its manifest and passed over. DCP pickles its metadata and non-tensor values;
@@ -31,18 +31,21 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from longboat.checkpoint.catalog import complete_checkpoints, latest_checkpoint
 from longboat.checkpoint.errors import CheckpointError
 from longboat.checkpoint.integrity import (
     COMPLETE_MARKER,
     MANIFEST,
+    ChecksumStream,
     file_sizes,
     read_manifest,
+    remember_checksum,
     verify_checkpoint,
 )
 from longboat.checkpoint.safe_dcp import load_dcp
+from longboat.checkpoint.writer import ChecksummingWriter
 from longboat.utils.seeding import rng_state, set_rng_state
 
 # DCP warns on every single-process save/load; a single process is a supported, intended case here.
@@ -109,25 +112,34 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        dcp.save(state, checkpoint_id=tmp)
-        torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
+        writer = ChecksummingWriter(tmp)
+        dcp.save(state, checkpoint_id=tmp, storage_writer=writer)
+        checksums = writer.checksums
+        checksums[f"rng_rank{_rank()}.pt"] = _write_checksummed(tmp / f"rng_rank{_rank()}.pt",
+                                                                lambda f: torch.save(rng_state(), f))
         if os.environ.get(FAULT_ENV) == str(step):
             os.kill(os.getpid(), 9)
-        _barrier()
+        checksums = _gather_checksums(checksums)  # every rank's, on every rank (also a barrier)
         if _rank() == 0:
             contents = sorted(state)
             if task_state:
-                save_file({k: v.detach().cpu().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
+                data = save({k: v.detach().cpu().contiguous() for k, v in task_state.items()})
+                checksums[TASK_STATE] = _write_checksummed(tmp / TASK_STATE, lambda f: f.write(data))
                 contents.append("task")
             # All ranks' files are on the shared filesystem after the barrier: list them before marking complete.
+            sizes = file_sizes(tmp)
+            missing = sorted(set(sizes) - set(checksums))
+            if missing:  # a file written outside the checksumming streams: a change in DCP's writer
+                raise CheckpointError(f"{tmp}: no checksum was computed for {', '.join(missing)}")
             manifest = {"format_version": CHECKPOINT_FORMAT_VERSION, "step": step, "contents": contents,
-                        "files": file_sizes(tmp)}
+                        "files": sizes, "checksums": {name: checksums[name] for name in sizes}}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             (tmp / COMPLETE_MARKER).write_text(f"{step}\n")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             self._prune()
         _barrier()
+        _remember(final, checksums)
         return final
 
     @staticmethod
@@ -153,6 +165,30 @@ class CheckpointManager:
         done = self.complete_checkpoints()
         for old in done[: max(len(done) - self.keep, 0)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_checksummed(file: Path, write) -> str:
+    """Call ``write`` on ``file`` opened for writing; return the checksum of the bytes it wrote."""
+    with open(file, "wb") as raw:
+        stream = ChecksumStream(raw)
+        write(stream)
+    return stream.checksum
+
+
+def _gather_checksums(local: dict[str, str]) -> dict[str, str]:
+    """The checksums of the files every rank wrote (a collective: every rank calls it)."""
+    if not dist.is_initialized():
+        return dict(local)
+    gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return {name: checksum for part in gathered for name, checksum in (part or {}).items()}
+
+
+def _remember(path: Path, checksums: dict[str, str]) -> None:
+    """Spare this process reading back the checkpoint it just wrote to verify it (``latest()`` at the end of a run)."""
+    for name, checksum in checksums.items():
+        if (path / name).is_file():
+            remember_checksum(path / name, checksum)
 
 
 def _verified(path: str | os.PathLike) -> Path:

@@ -145,6 +145,21 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_verify(args: argparse.Namespace) -> int:
+    from longboat.checkpoint.catalog import checkpoints_at, verify_report
+    from longboat.checkpoint.errors import CheckpointError
+
+    damaged = []
+    for path in checkpoints_at(args.path):
+        problem, checked = verify_report(path)
+        print(f"ok       {path}: {checked}" if problem is None else f"DAMAGED  {path}: {problem}", flush=True)
+        if problem is not None:
+            damaged.append(f"{path}: {problem}")
+    if damaged:
+        raise CheckpointError(f"{len(damaged)} damaged checkpoint(s): " + "; ".join(damaged))
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     from longboat.recipes import convert
 
@@ -288,6 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     _add_overwrite(p)
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("checkpoint", help="check checkpoints: `checkpoint verify PATH`")
+    commands = p.add_subparsers(dest="checkpoint_command", metavar="SUBCOMMAND", required=True)
+    v = commands.add_parser("verify", help="check each file of a checkpoint, or of every complete checkpoint of a run "
+                                           "directory, against its manifest (size and checksum)",
+                            description="Print one line per checkpoint; exit 2 when any is damaged.")
+    v.add_argument("path", help="run_dir/checkpoints/step_N, or a run directory")
+    v.set_defaults(func=_checkpoint_verify)
 
     p = sub.add_parser("convert", help="convert a Hugging Face checkpoint to a longboat export, or back")
     p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf"])
