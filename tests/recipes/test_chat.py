@@ -87,3 +87,15 @@ def test_full_context_says_so(chat_export):
 def test_chat_needs_a_chat_template(plain_hf_dir, capsys):
     assert main(["chat", str(plain_hf_dir)]) == 2
     assert "the model's tokenizer has no chat template" in capsys.readouterr().err
+
+
+def test_input_that_is_not_utf8_is_skipped_with_a_note(chat_export):
+    """Such bytes on stdin raised UnicodeDecodeError out of the chat; now the line is not sent, a note says so, and
+    the conversation goes on."""
+    session = ChatSession(load_for_inference(chat_export), max_new_tokens=4, temperature=0.0)
+    stdin = io.TextIOWrapper(io.BytesIO(b"caf\xe9 \xff\n" + QUESTIONS[0].encode() + b"\n"), encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    assert run_chat(session, stdin, out, err) == 0
+    assert "[input line 1 is not UTF-8 text; not sent]" in err.getvalue()
+    assert len(out.getvalue().splitlines()) == 1
+    assert [m["content"] for m in session.messages() if m["role"] == "user"] == [QUESTIONS[0]]

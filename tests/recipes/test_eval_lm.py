@@ -164,10 +164,13 @@ def test_normalisation_and_wilson_interval():
      3, "'choices' must be a list of at least two non-empty strings"),
     (['{"context": "a", "choices": ["x", "y"], "label": 2}'], 1, "'label' must be an index into the 2 choices"),
     (['{"choices": ["x", "y"], "label": 0}'], 1, "multiple-choice rows need 'context' (or 'prompt')"),
+    # Tracebacks before: UnicodeDecodeError, and RecursionError from json.loads
+    ([b'{"prompt": "a", "answer": "b"}', b'{"prompt": "caf\xe9", "answer": "b"}'], 2, "not UTF-8 text (byte 0xe9"),
+    (['{"prompt": "a", "answer": "b"}', "[" * 100_000], 2, "JSON nested too deeply to read"),
 ])
 def test_bad_rows_fail_in_one_line(tmp_path, capsys, lines, line_no, message):
     path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_bytes(b"\n".join(line if isinstance(line, bytes) else line.encode() for line in lines) + b"\n")
     # Rows are read before the model: the model path is not even looked at.
     assert main(["eval-lm", str(tmp_path / "no-model"), "--data", str(path)]) == 2
     err = capsys.readouterr().err.strip()

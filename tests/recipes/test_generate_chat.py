@@ -98,6 +98,23 @@ def test_bad_chat_flags(chat_export, capsys, flags, message):
     assert err.strip().startswith(f"error: {message}") and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("content, message", [
+    (b'[{"role": "user", "content": "caf\xe9"}]', ":1: expected a JSON list of messages or a file holding one (not UTF-8 "
+                                                "text (byte 0xe9 at offset 33))"),
+    (b"[" * 100_000, ": expected a JSON list of messages or a file holding one (JSON nested too deeply to read)"),
+])
+def test_a_messages_file_that_cannot_be_parsed_is_one_line(chat_export, capsys, tmp_path, content, message):
+    """Tracebacks before: UnicodeDecodeError was caught, but json.loads' RecursionError was not."""
+    path = tmp_path / "messages.json"
+    path.write_bytes(content)
+    code, out, err = run_cli(capsys, "generate", str(chat_export), "--messages", str(path))
+    assert code == 2 and out == ""
+    assert err.strip() == f"error: {path}{message}"
+    code, _, err = run_cli(capsys, "generate", str(chat_export), "--messages", "[" * 100_000)
+    assert code == 2 and err.strip() == "error: --messages: expected a JSON list of messages or a file holding one " \
+                                        "(JSON nested too deeply to read)"
+
+
 def test_no_chat_template_is_one_clear_line(plain_hf_dir, capsys):
     code, _, err = run_cli(capsys, "generate", str(plain_hf_dir), "--chat", "--prompt", "hi")
     assert code == 2

@@ -117,6 +117,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 def run_chat(session: ChatSession, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     """Read user turns from ``stdin`` until /exit or its end; replies stream to ``stdout``, notes to ``stderr``."""
     interactive = stdin.isatty()
+    if hasattr(stdin, "reconfigure"):  # bytes that are not UTF-8 come through as lone surrogates, found below
+        stdin.reconfigure(errors="surrogateescape")
+    line_no = 0
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())
 
@@ -126,7 +129,11 @@ def run_chat(session: ChatSession, stdin: TextIO, stdout: TextIO, stderr: TextIO
             line = _read_line(stdin, interactive)
             if line is None:
                 break
+            line_no += 1
             text = line.rstrip("\n")
+            if not _is_utf8(text):
+                print(f"[input line {line_no} is not UTF-8 text; not sent]", file=stderr)
+                continue
             if not text.strip():
                 continue
             command, _, arg = text.strip().partition(" ")
@@ -158,6 +165,14 @@ def run_chat(session: ChatSession, stdin: TextIO, stdout: TextIO, stderr: TextIO
     except KeyboardInterrupt:
         stdout.write("\n")
     return 0
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_line(stdin: TextIO, interactive: bool) -> str | None:

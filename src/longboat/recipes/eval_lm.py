@@ -31,6 +31,7 @@ from longboat.config.base import ConfigError, StrictModel
 from longboat.errors import LongboatError
 from longboat.models.llm.generation import generate
 from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
+from longboat.utils.json_files import parse_json
 from longboat.utils.logging import console
 from longboat.utils.stats import wilson_interval
 
@@ -68,17 +69,14 @@ def read_rows(path: Path, kind: str = "auto", limit: int | None = None) -> tuple
     if not path.is_file():
         raise ConfigError(f"{path}: no such evaluation file")
     rows: list[Row] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named like any other malformed line
         for line_no, line in enumerate(f, 1):
             if limit is not None and len(rows) == limit:
                 break
             if not line.strip():
                 continue
             where = f"{path}:{line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalDataError(f"{where}: not valid JSON ({e.msg})") from None
+            obj = parse_json(line, str(path), EvalDataError, line=line_no)
             if not isinstance(obj, dict):
                 raise EvalDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             if kind == "auto":

@@ -6,7 +6,6 @@ Generation stops at any of the model's stop ids: the tokenizer's eos, the ``eos_
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
 from longboat.recipes.sampling import check_sampling
-from longboat.utils.json_files import read_json_object
+from longboat.utils.json_files import JSONTextError, loads, read_json_object
 
 GENERATION_CONFIG = "generation_config.json"
 # Written as an assistant turn to find what the template puts after a reply; no template writes it itself.
@@ -111,9 +110,12 @@ def parse_messages(arg: str) -> list[dict[str, Any]]:
     is_file = len(arg) < 4096 and not arg.lstrip().startswith("[") and path.is_file()
     where = str(path) if is_file else "--messages"
     try:
-        value = json.loads(path.read_text(encoding="utf-8") if is_file else arg)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{where}: expected a JSON list of messages or a file holding one ({e})") from None
+        value = loads(path.read_bytes() if is_file else arg)
+    except OSError as e:
+        raise ConfigError(f"{where}: unreadable ({e.strerror or e})") from None
+    except JSONTextError as e:
+        at = f"{where}:{e.line}" if is_file and e.line is not None else where
+        raise ConfigError(f"{at}: expected a JSON list of messages or a file holding one ({e.reason})") from None
     return check_messages(value, where)
 
 

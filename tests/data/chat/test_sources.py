@@ -163,3 +163,28 @@ def test_row_tools_are_read_as_a_list_or_its_json_string(tmp_path, kind):
     listed = write(tmp_path / "list.jsonl", [{**OPENAI, "tools": [TOOL]}, OPENAI], "jsonl")
     conversations, _ = read_conversations(listed)
     assert [c.tools for c in conversations] == [[TOOL], None]
+
+
+def test_lines_that_are_not_utf8_or_nest_too_deep_are_unparsable_rows(tmp_path):
+    """Such lines raised UnicodeDecodeError (ending the file) and RecursionError: tracebacks. Now each is one
+    malformed row, named by its line."""
+    good = json.dumps(OPENAI).encode()
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(b"\n".join([good, b'{"messages": "caf\xe9"}', b"[" * 100_000, good]) + b"\n")
+    conversations, report = read_conversations(path)
+    assert [c.row for c in conversations] == [1, 4]
+    assert report.malformed == {"unparsable line": 2} and report.examples["unparsable line"] == [2, 3]
+    with pytest.raises(ChatDataError, match=r"chat\.jsonl: 2 of 4 rows are malformed .*\(rows 2, 3\); e\.g\. row 2 "
+                                            r"\(unparsable line: not UTF-8 text \(byte 0xe9"):
+        check_malformed(report, 0.1)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'[{"messages": "caf\xe9"}]', r"bad\.json:1: not UTF-8 text \(byte 0xe9 at offset 18\)"),
+    (b"[" * 100_000, r"bad\.json: JSON nested too deeply to read"),
+    (b'[\n{"a": }]', r"bad\.json:2: not valid JSON \(Expecting value at column 7\)"),
+])
+def test_a_json_file_that_cannot_be_read_is_named_with_its_line(tmp_path, content, message):
+    (tmp_path / "bad.json").write_bytes(content)
+    with pytest.raises(ChatDataError, match=message):
+        read_conversations(tmp_path / "bad.json")

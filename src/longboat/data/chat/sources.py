@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from longboat.errors import LongboatError
+from longboat.utils.json_files import JSONTextError, loads, read_json_file
 
 Format = Literal["auto", "messages", "sharegpt", "alpaca"]
 Message = dict[str, Any]
@@ -130,20 +131,18 @@ def _rows(path: Path, split: str | None, report: SourceReport) -> Iterator[tuple
     if path.is_dir():
         yield from enumerate(_read_arrow(path, split), start=1)
     elif path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
+        with path.open("rb") as f:  # bytes: a line that is not UTF-8 is one malformed row, not the file's end
             for line_no, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    yield line_no, json.loads(line)
-                except json.JSONDecodeError as e:
+                    yield line_no, loads(line)
+                except JSONTextError as e:
                     report.rows += 1
-                    report.count(line_no, "unparsable line", line.rstrip("\n"), str(e))
+                    report.count(line_no, "unparsable line", line.rstrip(b"\n").decode("utf-8", "replace"),
+                                 e.reason)
     elif path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ChatDataError(f"{path}: not valid JSON: {e}") from None
+        data = read_json_file(path, ChatDataError)
         if not isinstance(data, list):
             raise ChatDataError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
         yield from enumerate(data, start=1)
@@ -228,9 +227,9 @@ def row_tools(row: dict) -> list[dict] | None:
     tools = row.get("tools")
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as e:
-            raise Malformed("unparsable tools", str(e)) from None
+            tools = loads(tools)
+        except JSONTextError as e:
+            raise Malformed("unparsable tools", e.reason) from None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise Malformed("unparsable tools", "expected a list of tool definitions")
     return tools or None
