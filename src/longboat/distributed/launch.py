@@ -9,8 +9,9 @@ a checkpoint) and the job exits 128 + the signal's number.
 from __future__ import annotations
 
 import logging
+import os
 
-# The launcher's modules; each logs through its own logger, whose level torch sets from $LOGLEVEL.
+# The launcher's modules; each logs through a logger of its own under these, at the level $LOGLEVEL sets.
 _LAUNCHER_LOGGERS = ("torch.distributed.run", "torch.distributed.launcher", "torch.distributed.elastic")
 
 
@@ -39,7 +40,13 @@ def exit_status(exitcode: int) -> int:
 
 
 def _quiet_launcher() -> None:
-    """Silence the launcher's own log lines (start-up notes, worker failures, the failure table): the ranks report."""
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith(_LAUNCHER_LOGGERS):
-            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    """Silence the launcher's own log lines (start-up notes, worker failures, the failure table): the ranks report.
+    With $LOGLEVEL set (torchrun's own switch) they are left as torchrun would print them."""
+    if os.environ.get("LOGLEVEL"):
+        return
+    for name in _LAUNCHER_LOGGERS:
+        # Their modules' loggers are children, some created only once the launch imports them: stop their records
+        # here (a handler, so that logging's last-resort handler does not print them either).
+        logger = logging.getLogger(name)
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
