@@ -117,7 +117,7 @@ class PolicyTask(Task):
     def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:
         try:
             return RobotDataset(self.data.path, delta_timestamps(cfg, self.meta.fps), episodes,
-                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run)
+                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run, meta=self.meta)
         except RobotDataError as e:
             raise ConfigError(f"data.path: {e}") from None
 

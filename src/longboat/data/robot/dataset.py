@@ -44,9 +44,11 @@ class RobotDataset(Dataset):
         image_dtype: str = "float32",
         epoch_run: int = 1,
         cache_mb: float = 64,
+        meta: DatasetMeta | None = None,
     ):
         """``epoch_run``: rows the loader's shuffled epochs keep together in order (1: each row shuffled alone);
-        ``cache_mb``: decoded video frames each process keeps for the windows of the rows that follow."""
+        ``cache_mb``: decoded video frames each process keeps for the windows of the rows that follow; ``meta``:
+        the dataset's metadata when already read (``DatasetMeta(root)``), not read and checked again."""
         if video_backend not in VIDEO_BACKENDS:
             raise RobotDataError(f"video_backend {video_backend!r} is not supported (expected one of "
                                  f"{', '.join(VIDEO_BACKENDS)})")
@@ -58,7 +60,7 @@ class RobotDataset(Dataset):
         if cache_mb < 0:
             raise RobotDataError(f"cache_mb: expected a size in MiB >= 0, got {cache_mb!r}")
         self.image_dtype, self.epoch_run = image_dtype, epoch_run
-        self.meta = DatasetMeta(root)
+        self.meta = meta if meta is not None and meta.root == Path(root) else DatasetMeta(root)
         self.root = self.meta.root
         self.tolerance_s = tolerance_s
         self.delta_timestamps = {k: list(v) for k, v in (delta_timestamps or {}).items()}
