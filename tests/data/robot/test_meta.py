@@ -182,6 +182,7 @@ def test_a_v30_task_index_of_strings_is_named(v30):
     ({"length": 0}, ":1: 'length': expected an integer >= 1, got 0"),
     ({"episode_index": -1}, ":1: 'episode_index': expected an integer >= 0, got -1"),
     ({"episode_index": 0.0}, ":1: 'episode_index': expected an integer, got 0.0"),
+    ({"episode_index": 10**30}, ":1: 'episode_index': 1000000000000000000000000000000 does not fit in 64 bits"),
     ({"tasks": "push"}, ":1: 'tasks': expected a list of strings, got 'push'"),
 ])
 def test_wrongly_typed_v21_episode_rows_are_named(v21, change, message):

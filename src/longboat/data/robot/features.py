@@ -96,7 +96,7 @@ def parse_features(raw: object, source: str) -> dict[str, Feature]:
                 kind = np.dtype(dtype).kind
             except Exception:  # numpy raises several types for names it cannot parse
                 kind = None
-            if kind not in NUMERIC_KINDS:
+            if kind is None or kind not in NUMERIC_KINDS:
                 raise RobotDataError(f"{where}.dtype: unknown dtype {dtype!r} (expected a numeric or bool dtype, "
                                      f"{', '.join(VISUAL_DTYPES)} or string)")
         if dtype in VISUAL_DTYPES and len(shape) != 3:

@@ -53,6 +53,8 @@ def integer(value: object, where: str, minimum: int | None = None) -> int:
         raise RobotDataError(f"{where}: expected an integer, got {show(value)}")
     if minimum is not None and value < minimum:
         raise RobotDataError(f"{where}: expected an integer >= {minimum}, got {value}")
+    if not -(2**63) <= value < 2**63:
+        raise RobotDataError(f"{where}: {show(value)} does not fit in 64 bits")
     return int(value)
 
 
