@@ -174,7 +174,7 @@ def test_wrongly_typed_v21_tasks_are_named(v21, rows, message):
 
 def test_a_v30_task_index_of_strings_is_named(v30):
     set_column(v30 / "meta/tasks.parquet", "task_index", ["0", "1"])
-    fails(v30, str(v30 / "meta/tasks.parquet"), "column 'task_index' holds string, expected integers")
+    fails(v30, str(v30 / "meta/tasks.parquet"), "column 'task_index' holds strings, expected integers")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -17,7 +17,7 @@ from longboat.data.robot.episodes import (V3_EPISODES_DIR, V21_EPISODES_PATH, Ep
                                           load_v21, read_jsonl, read_table)
 from longboat.data.robot.errors import RobotDataError, UnknownFeatureError
 from longboat.data.robot.features import Feature, check_default_features, column_problems, parse_features
-from longboat.data.robot.fields import (column_kind, integer, load_json, numeric_array, path_template,
+from longboat.data.robot.fields import (expect_column, integer, load_json, numeric_array, path_template,
                                         positive_number, show)
 from longboat.data.robot.stats import aggregate_stats
 
@@ -134,13 +134,9 @@ class DatasetMeta:
                 raise RobotDataError(f"{path}: no task column besides 'task_index'")
             col = "__index_level_0__" if "__index_level_0__" in others else ("task" if "task" in others else others[0])
             table = read_table(path, ["task_index", col])
-            for name, kinds in (("task_index", ("int",)), (col, ("string",))):
-                kind = column_kind(table, name, path)
-                if kind not in kinds:
-                    raise RobotDataError(f"{path}: column '{name}' holds {kind}, expected "
-                                         f"{'integers' if kinds == ('int',) else 'strings'}")
-            rows = [(f"{path} row {r}", i, t) for r, (i, t) in
-                    enumerate(zip(table.column("task_index").to_pylist(), table.column(col).to_pylist()))]
+            pairs = zip(expect_column(table, "task_index", path, ("int",)),
+                        expect_column(table, col, path, ("string",)))
+            rows = [(f"{path} row {r}", i, t) for r, (i, t) in enumerate(pairs)]
         else:
             rows = []
             for n, row in read_jsonl(path):

@@ -20,7 +20,8 @@ def delta_indices(delta_timestamps: dict[str, list[float]], fps: float, toleranc
         try:
             seconds = np.asarray(offsets, dtype=np.float64)
         except (TypeError, ValueError):
-            raise RobotDataError(f"delta_timestamps.{key}: expected a list of offsets in seconds, got {offsets}") from None
+            raise RobotDataError(f"delta_timestamps.{key}: expected a list of offsets in seconds, "
+                                 f"got {offsets}") from None
         frames = seconds * fps
         if seconds.ndim != 1 or not np.isfinite(frames).all():
             raise RobotDataError(f"delta_timestamps.{key}: offsets {offsets} at fps {fps} are not finite frame counts")
