@@ -89,3 +89,17 @@ def test_a_missing_video_is_listed(tmp_path, capsys):
     (root / V3_VIDEO).unlink()
     code, out, err = check(root, capsys)
     assert code == 2 and f"{root / V3_VIDEO}: video file of 'observation.images.cam' not found" in out
+
+
+def test_damaged_pages_behind_a_sound_footer_are_listed(tmp_path, capsys):
+    """Opening reads only footers and passes; --check decodes every page, and names the file on one line."""
+    root = copy_fixture("v30", tmp_path / "ds")
+    data = bytearray((root / V3_DATA).read_bytes())
+    data[8:600] = b"\x55" * 592  # the first column chunks; the footer at the end is intact
+    (root / V3_DATA).write_bytes(bytes(data))
+    assert not main(["data", "info", str(root)])
+    capsys.readouterr()
+    code, out, err = check(root, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    problems = [line for line in out.splitlines() if line.startswith("  /")]
+    assert len(problems) == 1 and problems[0].startswith(f"  {root / V3_DATA}: not a readable parquet file ("), out

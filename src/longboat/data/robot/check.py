@@ -18,9 +18,11 @@ import pyarrow.parquet as pq
 
 from longboat.data.robot.episodes import episode_list
 from longboat.data.robot.errors import RobotDataError
+from longboat.data.robot.fields import one_line, unreadable_parquet
 from longboat.data.robot.meta import DatasetMeta, check_parquet_footer, data_file_problems
 
 INDEX_COLUMNS = ("episode_index", "frame_index", "index", "timestamp", "task_index")
+BATCH_ROWS = 65536  # a file is read in batches of rows: an image column holds megabytes per batch at most
 
 
 @dataclass
@@ -56,32 +58,31 @@ def check_dataset(meta: DatasetMeta, tolerance_s: float = 1e-4) -> CheckReport:
 
 
 def _check_data_file(meta: DatasetMeta, path: Path, positions: np.ndarray, problems: list[str]) -> int:
-    """Reads the whole file (every page decoded); returns its row count."""
+    """Reads the whole file in batches (every page decoded, only the index columns kept); returns its row count."""
     try:
         check_parquet_footer(path)
     except RobotDataError:
         return 0  # listed with the footers
+    kept: dict[str, list[np.ndarray]] = {}
+    nulls: dict[str, int] = {}
+    rows = 0
     try:
-        table = pq.read_table(path)
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+            rows += batch.num_rows
+            for name in batch.schema.names:
+                col = batch.column(name)
+                ft = meta.features.get(name)
+                if col.null_count and ft is not None and not ft.is_image:
+                    nulls[name] = nulls.get(name, 0) + col.null_count
+                if name in INDEX_COLUMNS and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+                    kept.setdefault(name, []).append(col.to_numpy(zero_copy_only=False))
     except Exception as e:  # pyarrow raises several types for damaged pages
-        problems.append(f"{path}: not a readable parquet file ({type(e).__name__}: {e})")
+        problems.append(unreadable_parquet(path, e))
         return 0
-    cols = {}
-    for name in INDEX_COLUMNS:
-        if name not in table.column_names:
-            continue  # reported with the columns
-        col = table.column(name)
-        if col.null_count:
-            problems.append(f"{path}: column '{name}' has {col.null_count} null value(s)")
-        elif pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
-            cols[name] = col.to_numpy()
-    for key, ft in meta.features.items():
-        if key in INDEX_COLUMNS or ft.is_video or ft.is_image or key not in table.column_names:
-            continue
-        if table.column(key).null_count:
-            problems.append(f"{path}: column '{key}' has {table.column(key).null_count} null value(s)")
+    problems += [f"{path}: column '{name}' has {n} null value(s)" for name, n in nulls.items()]
+    cols = {name: np.concatenate(parts) for name, parts in kept.items() if name not in nulls}
     if "episode_index" not in cols:
-        return table.num_rows
+        return rows  # its problem is listed with the columns
     eps = meta.episodes
     ep = cols["episode_index"]
     order = np.argsort(ep, kind="stable")  # each episode's rows, in file order
@@ -93,27 +94,27 @@ def _check_data_file(meta: DatasetMeta, path: Path, positions: np.ndarray, probl
                         "this file")
     for p in positions:
         e, n = int(eps.index[p]), int(eps.length[p])
-        rows = order[np.searchsorted(sorted_ep, e, "left"):np.searchsorted(sorted_ep, e, "right")]
+        mine = order[np.searchsorted(sorted_ep, e, "left"):np.searchsorted(sorted_ep, e, "right")]
         where = f"{path}: episode {e}"
-        if len(rows) != n:
-            problems.append(f"{where} has {len(rows)} rows, the episode metadata says {n}")
+        if len(mine) != n:
+            problems.append(f"{where} has {len(mine)} rows, the episode metadata says {n}")
             continue
-        _sequence(cols, "frame_index", rows, np.arange(n), where, problems)
-        _sequence(cols, "index", rows, eps.start[p] + np.arange(n), where, problems)
+        _sequence(cols, "frame_index", mine, np.arange(n), where, problems)
+        _sequence(cols, "index", mine, eps.start[p] + np.arange(n), where, problems)
         if "timestamp" in cols:
-            ts = cols["timestamp"][rows].astype(np.float64)
+            ts = cols["timestamp"][mine].astype(np.float64)
             if not np.isfinite(ts).all():
                 problems.append(f"{where}: timestamp holds NaN or infinity")
             elif n > 1 and (np.diff(ts) <= 0).any():
                 k = int(np.flatnonzero(np.diff(ts) <= 0)[0]) + 1
                 problems.append(f"{where}: timestamp does not increase at frame {k} ({ts[k - 1]:.6g} -> {ts[k]:.6g})")
         if "task_index" in cols:
-            task = cols["task_index"][rows]
+            task = cols["task_index"][mine]
             bad = np.flatnonzero((task < 0) | (task >= len(meta.tasks)) | (task != np.round(task)))
             if len(bad):
                 problems.append(f"{where} frame {int(bad[0])}: task_index {task[bad[0]]} is out of range "
                                 f"({len(meta.tasks)} tasks in the task metadata)")
-    return table.num_rows
+    return rows
 
 
 def _sequence(cols: dict, name: str, rows: np.ndarray, expected: np.ndarray, where: str, problems: list[str]) -> None:
@@ -128,13 +129,18 @@ def _sequence(cols: dict, name: str, rows: np.ndarray, expected: np.ndarray, whe
 
 
 def _unreferenced(meta: DatasetMeta, referenced: set[str]) -> list[str]:
-    """Parquet files under the data directory that no episode points to: episodes the metadata lost."""
-    top = Path(next(iter(referenced))).parts[0]
-    if "{" in top or not (meta.root / top).is_dir() or len(Path(next(iter(referenced))).parts) < 2:
+    """Parquet files under the data directory (data_path up to its first placeholder) that no episode points to:
+    episodes the metadata lost."""
+    fixed = []
+    for part in Path(meta.info["data_path"]).parts[:-1]:
+        if "{" in part:
+            break
+        fixed.append(part)
+    if not fixed or fixed[0] == "meta" or not (meta.root.joinpath(*fixed)).is_dir():
         return []
-    on_disk = {str(p.relative_to(meta.root)) for p in (meta.root / top).rglob("*.parquet")}
+    on_disk = {p.relative_to(meta.root).as_posix() for p in meta.root.joinpath(*fixed).rglob("*.parquet")}
     return [f"{meta.root / rel}: no episode of the episode metadata points to this data file"
-            for rel in sorted(on_disk - referenced)]
+            for rel in sorted(on_disk - {Path(r).as_posix() for r in referenced})]
 
 
 def _check_video(meta: DatasetMeta, key: str, path: Path, positions: list[int], tolerance_s: float) -> list[str]:
@@ -168,4 +174,4 @@ def _check_video(meta: DatasetMeta, key: str, path: Path, positions: list[int], 
                                     f"{f' in episode {e}' if len(late) > 1 else ''})")
             return problems
     except (OSError, av.error.FFmpegError) as e:
-        return [f"{path}: cannot decode video ({e})"]
+        return [f"{path}: cannot decode video ({one_line(e)})"]

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from longboat.data.robot.errors import RobotDataError
-from longboat.data.robot.fields import expect_column, integer, parse_json, read_text, show, string_list
+from longboat.data.robot.fields import (expect_column, integer, parse_json, read_text, show, string_list,
+                                        unreadable_parquet)
 
 V3_EPISODES_DIR = "meta/episodes"
 V21_EPISODES_PATH = "meta/episodes.jsonl"
@@ -76,14 +77,14 @@ def read_table(path: Path, columns: list[str]):
     try:
         names = pq.read_schema(path).names
     except Exception as e:  # pyarrow raises several types for damaged files
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise RobotDataError(unreadable_parquet(path, e)) from None
     missing = [c for c in columns if c not in names]
     if missing:
         raise RobotDataError(f"{path}: missing column '{missing[0]}'")
     try:
         return pq.read_table(path, columns=columns)
     except Exception as e:
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise RobotDataError(unreadable_parquet(path, e)) from None
 
 
 class _Rows:

@@ -21,6 +21,15 @@ def show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line: pyarrow's and FFmpeg's may span several."""
+    return " ".join(str(e).split())
+
+
+def unreadable_parquet(path: Path, e: BaseException) -> str:
+    return f"{path}: not a readable parquet file ({type(e).__name__}: {one_line(e)})"
+
+
 def read_text(path: Path) -> str:
     if not path.is_file():
         raise RobotDataError(f"{path}: file not found")

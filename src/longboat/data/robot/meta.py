@@ -18,7 +18,7 @@ from longboat.data.robot.episodes import (V3_EPISODES_DIR, V21_EPISODES_PATH, Ep
 from longboat.data.robot.errors import RobotDataError, UnknownFeatureError
 from longboat.data.robot.features import Feature, check_default_features, column_problems, parse_features
 from longboat.data.robot.fields import (expect_column, integer, load_json, numeric_array, path_template,
-                                        positive_number, show)
+                                        positive_number, show, unreadable_parquet)
 from longboat.data.robot.stats import aggregate_stats
 
 __all__ = ["DatasetMeta", "EpisodeTable", "V3_EPISODES_DIR", "V21_EPISODES_PATH", "check_parquet_footer",
@@ -173,7 +173,7 @@ def _parquet_names(path: Path) -> list[str]:
     try:
         return pq.read_schema(path).names
     except Exception as e:  # pyarrow raises several types for damaged files
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise RobotDataError(unreadable_parquet(path, e)) from None
 
 
 def load_stats(path: Path, features: dict[str, Feature] | None = None) -> dict[str, dict[str, np.ndarray]] | None:
@@ -239,7 +239,7 @@ def check_parquet_footer(path: Path):
     try:
         return pq.read_metadata(path)
     except Exception as e:  # pyarrow raises several types for damaged files
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise RobotDataError(unreadable_parquet(path, e)) from None
 
 
 def data_file_problems(meta: DatasetMeta) -> list[str]:
@@ -256,7 +256,7 @@ def data_file_problems(meta: DatasetMeta) -> list[str]:
             problems.append(str(e))
             continue
         except Exception as e:  # a footer whose schema arrow cannot map
-            problems.append(f"{path}: not a readable parquet file ({type(e).__name__}: {e})")
+            problems.append(unreadable_parquet(path, e))
             continue
         problems += column_problems(meta.features, schema, path)
         expected = int(eps.length[positions].sum())
@@ -276,4 +276,4 @@ def read_frames(root: Path, rel_path: str, episodes: np.ndarray | None):
     try:
         return pq.read_table(path, filters=filters, memory_map=True)
     except Exception as e:  # pyarrow raises several types for damaged files
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise RobotDataError(unreadable_parquet(path, e)) from None
