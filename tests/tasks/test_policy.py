@@ -20,6 +20,7 @@ from longboat.models.policy.mlp import MLPPolicy, MLPPolicyConfig
 from longboat.recipes.config import load_run_config, resolve
 from longboat.tasks.policy import POLICY_SPEC, PolicyTask
 from longboat.trainer.config import TrainerConfig
+from tests.data.robot.lerobot_edit import copy_fixture
 from tests.tasks.policy_dataset import ACTION, IMAGE, STATE, TASKS, write_policy_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,3 +214,15 @@ def test_a_dataset_with_fps_nan_fails_before_training(dataset, tmp_path, capsys,
     assert code == 2 and err.count("\n") == 1, err
     assert f"data.path: {copy / 'meta/info.json'}: 'fps': expected a finite positive number, got nan" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_video_of_a_later_episode_fails_the_check(tmp_path, capsys):
+    """Building the model reads only the first episode: a video missing further on surfaced mid-training."""
+    root = copy_fixture("v21", tmp_path / "ds")
+    video = root / "videos/chunk-000/observation.images.cam/episode_000002.mp4"
+    video.unlink()
+    code = main(["train", str(REPO / "configs/policy/mlp_tiny.yaml"), f"data.path={root}",
+                 f"run_dir={tmp_path / 'run'}", "data.cameras=[observation.images.cam]", "--check"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"data.path: {video}: video file of 'observation.images.cam' not found" in err

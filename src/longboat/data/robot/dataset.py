@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from longboat.data.robot.errors import RobotDataError, VideoDecodeError
+from longboat.data.robot.errors import RobotDataError
 from longboat.data.robot.frames import FrameColumns
 from longboat.data.robot.images import decode_image
 from longboat.data.robot.meta import DatasetMeta
@@ -81,14 +81,7 @@ class RobotDataset(Dataset):
         self._ep_start = self._ep_end - lengths
         self._row_episode = np.repeat(np.arange(len(self.positions)), lengths)
         # The video file of each camera and selected episode, as paths built once (building one per frame costs).
-        self._video_path: dict[str, dict[int, Path]] = {}
-        for key in self._video_keys:
-            paths = {rel: self.root / rel for rel in dict.fromkeys(self.meta.episodes.video_file[key][p]
-                                                                   for p in self.positions)}
-            for path in paths.values():  # a missing file fails now, not in a loader worker hours later
-                if not path.is_file():
-                    raise VideoDecodeError(f"{path}: video file of '{key}' not found")
-            self._video_path[key] = {int(p): paths[self.meta.episodes.video_file[key][p]] for p in self.positions}
+        self._video_path = {key: self.meta.video_paths(key, self.positions) for key in self._video_keys}
         self.video = VideoFrameReader(tolerance_s, cache_mb=cache_mb)
 
     def _select(self, episodes: Sequence[int] | None) -> np.ndarray:

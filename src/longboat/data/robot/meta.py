@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from longboat.data.robot.episodes import (V3_EPISODES_DIR, V21_EPISODES_PATH, EpisodeTable, episode_list, load_v3,
                                           load_v21, read_jsonl, read_table)
-from longboat.data.robot.errors import RobotDataError, UnknownFeatureError
+from longboat.data.robot.errors import RobotDataError, UnknownFeatureError, VideoDecodeError
 from longboat.data.robot.features import Feature, check_default_features, column_problems, parse_features
 from longboat.data.robot.fields import (expect_column, integer, load_json, numeric_array, path_template,
                                         positive_number, show, unreadable_parquet)
@@ -116,6 +116,15 @@ class DatasetMeta:
             raise UnknownFeatureError(f"{self.root}: feature '{key}' does not exist (features: "
                                       f"{', '.join(self.features)})")
         return self.features[key]
+
+    def video_paths(self, key: str, positions) -> dict[int, Path]:
+        """The video file of camera ``key`` for each episode position, each checked to exist: a missing file fails
+        now, not in a loader worker hours later."""
+        paths = {rel: self.root / rel for rel in dict.fromkeys(self.episodes.video_file[key][p] for p in positions)}
+        for path in paths.values():
+            if not path.is_file():
+                raise VideoDecodeError(f"{path}: video file of '{key}' not found")
+        return {int(p): paths[self.episodes.video_file[key][p]] for p in positions}
 
     @property
     def _tasks_path(self) -> Path:
