@@ -103,3 +103,14 @@ def test_damaged_pages_behind_a_sound_footer_are_listed(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1, err
     problems = [line for line in out.splitlines() if line.startswith("  /")]
     assert len(problems) == 1 and problems[0].startswith(f"  {root / V3_DATA}: not a readable parquet file ("), out
+
+
+def test_nan_and_infinity_in_the_data_are_listed(tmp_path, capsys):
+    """A NaN action trains a NaN loss; opening does not read the values, --check does."""
+    root = copy_fixture("v30", tmp_path / "ds")
+    action = column(root / V3_DATA, "action")
+    action[5][1], action[40][0] = float("nan"), float("inf")
+    set_column(root / V3_DATA, "action", pa.array(action, pa.list_(pa.float32(), 3)))
+    code, out, err = check(root, capsys)
+    assert code == 2 and f"  {root / V3_DATA}: column 'action' holds 2 NaN or infinite value(s)" in out.splitlines()
+    assert "1 problem in the data files" in err

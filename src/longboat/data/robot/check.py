@@ -2,8 +2,8 @@
 
 Opening a dataset checks only what its metadata and the files' footers say; this reads the rows: parquet columns,
 each episode's rows, frame_index 0..length-1 and the global index in row order, timestamps finite and increasing,
-task_index within the tasks, data files no episode points to; and each video: present, a decodable first frame,
-the size info.json gives, long enough for the episodes it holds.
+task_index within the tasks, no null, NaN or infinite value, data files no episode points to; and each video:
+present, a decodable first frame, the size info.json gives, long enough for the episodes it holds.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from longboat.data.robot.episodes import episode_list
@@ -65,6 +66,7 @@ def _check_data_file(meta: DatasetMeta, path: Path, positions: np.ndarray, probl
         return 0  # listed with the footers
     kept: dict[str, list[np.ndarray]] = {}
     nulls: dict[str, int] = {}
+    non_finite: dict[str, int] = {}  # NaN or infinity in a float column: a training run's loss would be NaN
     rows = 0
     try:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
@@ -74,12 +76,16 @@ def _check_data_file(meta: DatasetMeta, path: Path, positions: np.ndarray, probl
                 ft = meta.features.get(name)
                 if col.null_count and ft is not None and not ft.is_image:
                     nulls[name] = nulls.get(name, 0) + col.null_count
+                bad = _non_finite(col) if name not in INDEX_COLUMNS else 0  # timestamps: per episode below
+                if bad:
+                    non_finite[name] = non_finite.get(name, 0) + bad
                 if name in INDEX_COLUMNS and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
                     kept.setdefault(name, []).append(col.to_numpy(zero_copy_only=False))
     except Exception as e:  # pyarrow raises several types for damaged pages
         problems.append(unreadable_parquet(path, e))
         return 0
     problems += [f"{path}: column '{name}' has {n} null value(s)" for name, n in nulls.items()]
+    problems += [f"{path}: column '{name}' holds {n} NaN or infinite value(s)" for name, n in non_finite.items()]
     cols = {name: np.concatenate(parts) for name, parts in kept.items() if name not in nulls}
     if "episode_index" not in cols:
         return rows  # its problem is listed with the columns
@@ -115,6 +121,14 @@ def _check_data_file(meta: DatasetMeta, path: Path, positions: np.ndarray, probl
                 problems.append(f"{where} frame {int(bad[0])}: task_index {task[bad[0]]} is out of range "
                                 f"({len(meta.tasks)} tasks in the task metadata)")
     return rows
+
+
+def _non_finite(col: pa.Array) -> int:
+    while pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_large_list(col.type):
+        col = col.flatten()
+    if not pa.types.is_floating(col.type):
+        return 0
+    return len(col) - col.null_count - int(pc.sum(pc.is_finite(col)).as_py() or 0)
 
 
 def _sequence(cols: dict, name: str, rows: np.ndarray, expected: np.ndarray, where: str, problems: list[str]) -> None:
