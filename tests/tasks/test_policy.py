@@ -5,6 +5,7 @@ line before any work."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from longboat.models.policy.mlp import MLPPolicy, MLPPolicyConfig
 from longboat.recipes.config import load_run_config, resolve
 from longboat.tasks.policy import POLICY_SPEC, PolicyTask
 from longboat.trainer.config import TrainerConfig
+from tests.data.robot.lerobot_edit import copy_fixture
 from tests.tasks.policy_dataset import ACTION, IMAGE, STATE, TASKS, write_policy_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,3 +199,30 @@ def test_every_policy_config_loads(dataset, tmp_path, path):
     resolved = load_run_config(path, [f"data.path={dataset}"])
     assert resolved.cfg.task == "policy" and resolved.model.action_dim == ACTION
     resolved.task.check(resolved.model)
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "train"])
+def test_a_dataset_with_fps_nan_fails_before_training(dataset, tmp_path, capsys, check):
+    """fps NaN passed ``fps <= 0``: training ran to the end on windows padded everywhere, exit 0."""
+    copy = Path(shutil.copytree(dataset, tmp_path / "ds"))
+    info = json.loads((copy / "meta/info.json").read_text())
+    (copy / "meta/info.json").write_text(json.dumps({**info, "fps": float("nan")}))
+    config = tmp_path / "policy.yaml"
+    config.write_text(json.dumps(run_config(copy, tmp_path, valid_fraction=0)))
+    code = main(["train", str(config), *(["--check"] if check else [])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"data.path: {copy / 'meta/info.json'}: 'fps': expected a finite positive number, got nan" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_video_of_a_later_episode_fails_the_check(tmp_path, capsys):
+    """Building the model reads only the first episode: a video missing further on surfaced mid-training."""
+    root = copy_fixture("v21", tmp_path / "ds")
+    video = root / "videos/chunk-000/observation.images.cam/episode_000002.mp4"
+    video.unlink()
+    code = main(["train", str(REPO / "configs/policy/mlp_tiny.yaml"), f"data.path={root}",
+                 f"run_dir={tmp_path / 'run'}", "data.cameras=[observation.images.cam]", "--check"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"data.path: {video}: video file of 'observation.images.cam' not found" in err

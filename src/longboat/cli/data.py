@@ -67,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="describe a LeRobot dataset (v3.0 or v2.1): features, fps, episodes, frames, tasks, codec",
     )
     info.add_argument("path", metavar="PATH", help="dataset directory (the one holding meta/info.json)")
+    info.add_argument("--check", action="store_true",
+                      help="also read every data file and open every video; list each problem found (exit 2 if any)")
     info.set_defaults(func=_info)
     return parser
 
@@ -108,4 +110,4 @@ def _record(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
-    recipe.info(args.path)
+    recipe.info(args.path, check=args.check)

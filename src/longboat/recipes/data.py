@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from longboat.data.robot.check import check_dataset
+from longboat.data.robot.errors import RobotDataError
+from longboat.data.robot.meta import DatasetMeta
 from longboat.data.robot.summary import describe
 from longboat.data.tokenize import DEFAULT_BATCH_SIZE, TokenizeStats, tokenize_to_indexed
 from longboat.data.tokenizer import Tokenizer, train_bpe
@@ -51,10 +54,18 @@ def train_tokenizer(
     return tok
 
 
-def info(path: str) -> str:
-    """``longboat data info``: print a LeRobot dataset's version, features, episodes, frames, tasks and codecs."""
-    text = describe(path)
+def info(path: str, check: bool = False) -> str:
+    """``longboat data info``: print a LeRobot dataset's version, features, episodes, frames, tasks and codecs;
+    ``check``: then read every data and video file and list each problem (one error line after them if any)."""
+    meta = DatasetMeta(path, check_files=not check)
+    text = describe(meta)
+    if check:
+        report = check_dataset(meta)
+        text += "\n" + report.text()
     print(text, flush=True)
+    if check and report.problems:
+        n = len(report.problems)
+        raise RobotDataError(f"{meta.root}: {n} problem{'s' * (n != 1)} in the data files (listed above)")
     return text
 
 

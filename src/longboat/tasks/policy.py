@@ -117,7 +117,7 @@ class PolicyTask(Task):
     def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:
         try:
             return RobotDataset(self.data.path, delta_timestamps(cfg, self.meta.fps), episodes,
-                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run)
+                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run, meta=self.meta)
         except RobotDataError as e:
             raise ConfigError(f"data.path: {e}") from None
 
@@ -163,6 +163,12 @@ class PolicyTask(Task):
         self._known_feature(model_cfg.action_feature, "action_feature")
         pool = set(self._pool())
         eps = self.meta.episodes
+        for key in model_cfg.image_features:  # every video the run will read is there (building reads the first)
+            if key in self.meta.video_keys:
+                try:
+                    self.meta.video_paths(key, [eps.position(e) for e in sorted(pool)])
+                except RobotDataError as e:
+                    raise ConfigError(f"data.path: {e}") from None
         lengths = {int(e): int(n) for e, n in zip(eps.index, eps.length) if int(e) in pool}
         shortest = min(lengths, key=lengths.get)
         if model_cfg.horizon > lengths[shortest]:

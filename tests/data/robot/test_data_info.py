@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 from longboat.cli.main import main
+from tests.data.robot.lerobot_edit import V3_DATA, V3_EPISODES, copy_fixture, edit_info, set_column
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -46,3 +47,15 @@ def test_info_reports_a_truncated_data_file(tmp_path, capsys, written_h264):
     captured = capsys.readouterr()
     assert f"{data}: not a readable parquet file" in captured.err and "Traceback" not in captured.err
     assert len(captured.err.strip().splitlines()) == 1 and "features" not in captured.out
+
+
+def test_info_refuses_frames_the_data_files_do_not_hold(tmp_path, capsys):
+    """Episode lengths (and total_frames) that add up to more rows than the data file holds: info printed them."""
+    root = copy_fixture("v30", tmp_path / "ds")
+    set_column(root / V3_EPISODES, "length", [24, 30, 26])
+    set_column(root / V3_EPISODES, "dataset_to_index", [24, 54, 80])
+    edit_info(root, total_frames=80)
+    assert main(["data", "info", str(root)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert f"{root / V3_DATA}: holds 74 rows but the episode metadata puts 80 in it" in captured.err

@@ -104,3 +104,9 @@ def test_bad_info_fields(copy):
     fails(RobotDataError, "features.action.shape", call=lambda: RobotDataset(copy))
     (copy / "meta/info.json").write_text("{not json")
     fails(RobotDataError, "info.json: not valid JSON", call=lambda: RobotDataset(copy))
+
+
+def test_offsets_that_are_not_finite_frame_counts():
+    """An infinite offset became a garbage row offset, and every window of the key was padded."""
+    fails(RobotDataError, "delta_timestamps.action: offsets [0.0, inf] at fps 10 are not finite frame counts",
+          call=lambda: RobotDataset(FIXTURE, delta_timestamps={"action": [0.0, float("inf")]}))

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from longboat.data.robot.errors import RobotDataError, VideoDecodeError
+from longboat.data.robot.errors import RobotDataError
 from longboat.data.robot.frames import FrameColumns
 from longboat.data.robot.images import decode_image
 from longboat.data.robot.meta import DatasetMeta
@@ -44,9 +44,11 @@ class RobotDataset(Dataset):
         image_dtype: str = "float32",
         epoch_run: int = 1,
         cache_mb: float = 64,
+        meta: DatasetMeta | None = None,
     ):
         """``epoch_run``: rows the loader's shuffled epochs keep together in order (1: each row shuffled alone);
-        ``cache_mb``: decoded video frames each process keeps for the windows of the rows that follow."""
+        ``cache_mb``: decoded video frames each process keeps for the windows of the rows that follow; ``meta``:
+        the dataset's metadata when already read (``DatasetMeta(root)``), not read and checked again."""
         if video_backend not in VIDEO_BACKENDS:
             raise RobotDataError(f"video_backend {video_backend!r} is not supported (expected one of "
                                  f"{', '.join(VIDEO_BACKENDS)})")
@@ -58,7 +60,7 @@ class RobotDataset(Dataset):
         if cache_mb < 0:
             raise RobotDataError(f"cache_mb: expected a size in MiB >= 0, got {cache_mb!r}")
         self.image_dtype, self.epoch_run = image_dtype, epoch_run
-        self.meta = DatasetMeta(root)
+        self.meta = meta if meta is not None and meta.root == Path(root) else DatasetMeta(root)
         self.root = self.meta.root
         self.tolerance_s = tolerance_s
         self.delta_timestamps = {k: list(v) for k, v in (delta_timestamps or {}).items()}
@@ -79,14 +81,7 @@ class RobotDataset(Dataset):
         self._ep_start = self._ep_end - lengths
         self._row_episode = np.repeat(np.arange(len(self.positions)), lengths)
         # The video file of each camera and selected episode, as paths built once (building one per frame costs).
-        self._video_path: dict[str, dict[int, Path]] = {}
-        for key in self._video_keys:
-            paths = {rel: self.root / rel for rel in dict.fromkeys(self.meta.episodes.video_file[key][p]
-                                                                   for p in self.positions)}
-            for path in paths.values():  # a missing file fails now, not in a loader worker hours later
-                if not path.is_file():
-                    raise VideoDecodeError(f"{path}: video file of '{key}' not found")
-            self._video_path[key] = {int(p): paths[self.meta.episodes.video_file[key][p]] for p in self.positions}
+        self._video_path = {key: self.meta.video_paths(key, self.positions) for key in self._video_keys}
         self.video = VideoFrameReader(tolerance_s, cache_mb=cache_mb)
 
     def _select(self, episodes: Sequence[int] | None) -> np.ndarray:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from longboat.data.robot.episodes import episode_list
 from longboat.data.robot.errors import RobotDataError
-from longboat.data.robot.features import Feature
+from longboat.data.robot.features import Feature, column_problems
 from longboat.data.robot.meta import DatasetMeta, read_frames
 
 
@@ -26,7 +28,9 @@ class FrameColumns:
         for rel in by_file:
             # v2.1 keeps one episode per file: no filter needed.
             table = read_frames(meta.root, rel, None if meta.version == "v2.1" else np.asarray(by_file[rel]))
-            _check_columns(meta, table, meta.root / rel)
+            problems = column_problems(meta.features, table.schema, meta.root / rel)
+            if problems:
+                raise RobotDataError(problems[0])
             tables.append(table.select([k for k, f in meta.features.items() if not f.is_video]))
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         ep_col = table.column("episode_index").to_numpy()
@@ -53,47 +57,28 @@ class FrameColumns:
             elif ft.dtype == "string":
                 self.strings[key] = col.to_pylist()
             else:
-                self.numeric[key] = _to_numpy(col, ft)
+                if col.null_count:
+                    raise RobotDataError(f"{meta.root}: column '{key}' has {col.null_count} null value(s) in the rows "
+                                         f"of {episode_list(wanted)}")
+                self.numeric[key] = _to_numpy(col, ft, meta.root)
+        task = self.numeric["task_index"]
+        bad = np.flatnonzero((task < 0) | (task >= len(meta.tasks)))
+        if len(bad):
+            row = int(bad[0])
+            ep = int(ep_col[row])
+            raise RobotDataError(f"{meta.root / eps.data_file[eps.position(ep)]}: episode {ep} frame "
+                                 f"{int(self.numeric['frame_index'][row])}: task_index {int(task[row])} is out of "
+                                 f"range ({len(meta.tasks)} tasks in the task metadata)")
 
 
-def _to_numpy(col: pa.Array, ft: Feature) -> np.ndarray:
+def _to_numpy(col: pa.Array, ft: Feature, root: Path) -> np.ndarray:
     if ft.is_scalar and not pa.types.is_list(col.type) and not pa.types.is_fixed_size_list(col.type):
         return col.to_numpy(zero_copy_only=False).astype(ft.numpy_dtype, copy=False)
     flat = col
     while pa.types.is_list(flat.type) or pa.types.is_fixed_size_list(flat.type) or pa.types.is_large_list(flat.type):
         flat = flat.flatten()
     values = flat.to_numpy(zero_copy_only=False).astype(ft.numpy_dtype, copy=False)
+    if len(values) != len(col) * math.prod(ft.shape):  # variable-length lists of another size
+        raise RobotDataError(f"{root}: column '{ft.name}' holds {len(values)} values in {len(col)} rows, "
+                             f"not {list(ft.shape)} per row as info.json says")
     return values.reshape(len(col), *ft.shape) if not ft.is_scalar else values.reshape(len(col))
-
-
-def _check_columns(meta: DatasetMeta, table: pa.Table, path: Path) -> None:
-    """Parquet columns must be the info.json features (less videos), with their shapes."""
-    names = set(table.column_names)
-    for key, ft in meta.features.items():
-        if ft.is_video:
-            if key in names:
-                raise RobotDataError(f"{path}: column '{key}' is a video feature in info.json but stored in parquet")
-            continue
-        if key not in names:
-            raise RobotDataError(f"{path}: column '{key}' of info.json features is missing")
-        t = table.schema.field(key).type
-        if ft.is_image:
-            if not pa.types.is_struct(t) or t.get_field_index("bytes") < 0:
-                raise RobotDataError(f"{path}: column '{key}' is an image feature but stored as {t}, "
-                                     "expected struct<bytes, path>")
-            continue
-        if ft.dtype == "string":
-            continue
-        dims = []
-        while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-            dims.append(t.list_size if pa.types.is_fixed_size_list(t) else None)
-            t = t.value_type
-        expected = [] if ft.is_scalar and not dims else list(ft.shape)
-        if len(dims) != len(expected) or any(d is not None and d != e for d, e in zip(dims, expected)):
-            raise RobotDataError(f"{path}: column '{key}' has shape {dims or 'scalar'}, "
-                                 f"info.json says {list(ft.shape)}")
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-            raise RobotDataError(f"{path}: column '{key}' holds {t}, info.json says {ft.dtype}")
-    extra = names - set(meta.features)
-    if extra:
-        raise RobotDataError(f"{path}: columns {sorted(extra)} are not in info.json features")

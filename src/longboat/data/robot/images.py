@@ -10,6 +10,7 @@ import pyarrow as pa
 from PIL import Image
 
 from longboat.data.robot.errors import RobotDataError
+from longboat.data.robot.fields import one_line
 
 
 def decode_image(column: pa.Array, row: int, root: Path, key: str) -> np.ndarray:
@@ -25,4 +26,4 @@ def decode_image(column: pa.Array, row: int, root: Path, key: str) -> np.ndarray
             raise RobotDataError(f"{root}: feature '{key}' row {row} holds no image")
         return np.asarray(img.convert("RGB"))
     except (OSError, ValueError) as e:
-        raise RobotDataError(f"{root}: feature '{key}' row {row}: cannot decode image ({e})") from None
+        raise RobotDataError(f"{root}: feature '{key}' row {row}: cannot decode image ({one_line(e)})") from None

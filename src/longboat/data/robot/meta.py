@@ -1,56 +1,48 @@
 """A LeRobot dataset's metadata: ``meta/info.json``, tasks, episodes and statistics, for v3.0 and v2.1.
 
-Both layouts are read into one in-memory form: per-episode arrays (index, length, global frame range, data file,
-and per camera the video file and the episode's start time in it) so the reader never asks which version it has.
+Opening a dataset checks what is cheap to check: every value's type, the counts of info.json against the
+episode metadata, and each data file's parquet footer (its columns and its row count against the episode
+lengths), so a wrong dataset fails in one line before any work. ``longboat data info --check`` reads the rows.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from longboat.data.robot.errors import RobotDataError, UnknownFeatureError
-from longboat.data.robot.features import Feature, parse_features
+from longboat.data.robot.episodes import (V3_EPISODES_DIR, V21_EPISODES_PATH, EpisodeTable, episode_list, load_v3,
+                                          load_v21, read_jsonl, read_table)
+from longboat.data.robot.errors import RobotDataError, UnknownFeatureError, VideoDecodeError
+from longboat.data.robot.features import Feature, check_default_features, column_problems, parse_features
+from longboat.data.robot.fields import (expect_column, integer, load_json, numeric_array, path_template,
+                                        positive_number, show, unreadable_parquet)
 from longboat.data.robot.stats import aggregate_stats
+
+__all__ = ["DatasetMeta", "EpisodeTable", "V3_EPISODES_DIR", "V21_EPISODES_PATH", "check_parquet_footer",
+           "data_file_problems", "load_stats", "read_frames"]
 
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
 SUPPORTED_VERSIONS = ("v3.0", "v2.1")
 V3_TASKS_PATH = "meta/tasks.parquet"
-V3_EPISODES_DIR = "meta/episodes"
 V21_TASKS_PATH = "meta/tasks.jsonl"
-V21_EPISODES_PATH = "meta/episodes.jsonl"
 V21_EPISODES_STATS_PATH = "meta/episodes_stats.jsonl"
-
-
-@dataclass
-class EpisodeTable:
-    """One entry per episode, in the dataset's order (by ``episode_index``)."""
-
-    index: np.ndarray  # episode_index
-    length: np.ndarray
-    start: np.ndarray  # dataset_from_index: global row index of the first frame
-    data_file: list[str]  # relative path of the parquet file that holds the episode's rows
-    video_file: dict[str, list[str]]  # camera -> relative mp4 path per episode
-    video_start: dict[str, np.ndarray]  # camera -> from_timestamp (0 for v2.1's one file per episode)
-    tasks: list[list[str]]
-
-    def position(self, episode_index: int) -> int:
-        pos = int(np.searchsorted(self.index, episode_index))
-        if pos >= len(self.index) or self.index[pos] != episode_index:
-            raise KeyError(episode_index)
-        return pos
+# The placeholders of data_path and video_path in each layout.
+PLACEHOLDERS = {
+    "v3.0": (("chunk_index", "file_index"), ("video_key", "chunk_index", "file_index")),
+    "v2.1": (("episode_chunk", "episode_index"), ("episode_chunk", "video_key", "episode_index")),
+}
+AGGREGATED_STATS = ("min", "max", "mean", "std", "count")  # what v2.1's per-episode statistics must hold
 
 
 class DatasetMeta:
-    """Reads and validates everything under ``meta/`` of a LeRobot v3.0 or v2.1 dataset at ``root``."""
+    """Reads and validates everything under ``meta/`` of a LeRobot v3.0 or v2.1 dataset at ``root``;
+    ``check_files``: also each data file's footer (``data info --check`` lists those problems itself)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, check_files: bool = True):
         self.root = Path(root)
         info_path = self.root / INFO_PATH
         if not self.root.is_dir():
@@ -58,36 +50,58 @@ class DatasetMeta:
             raise RobotDataError(f"{self.root}: not a LeRobot dataset ({why})")
         if not info_path.is_file():
             raise RobotDataError(f"{self.root}: not a LeRobot dataset ({INFO_PATH} not found)")
-        self.info = _load_json(info_path)
+        self.info = load_json(info_path)
         if not isinstance(self.info, dict):
             raise RobotDataError(f"{info_path}: expected a JSON object")
         self.version = self.info.get("codebase_version")
-        if self.version not in SUPPORTED_VERSIONS:
-            raise RobotDataError(f"{info_path}: codebase_version {self.version!r} is not supported "
+        if not isinstance(self.version, str) or self.version not in SUPPORTED_VERSIONS:
+            raise RobotDataError(f"{info_path}: codebase_version {show(self.version)} is not supported "
                                  f"(expected one of {', '.join(SUPPORTED_VERSIONS)})")
         for key in ("fps", "data_path", "total_episodes", "total_frames"):
             if key not in self.info:
                 raise RobotDataError(f"{info_path}: missing key '{key}'")
-        fps = self.info["fps"]
-        if not isinstance(fps, (int, float)) or fps <= 0:
-            raise RobotDataError(f"{info_path}: 'fps' must be a positive number, got {fps!r}")
-        self.fps = fps
+        self.fps = positive_number(self.info["fps"], f"{info_path}: 'fps'")
         self.features: dict[str, Feature] = parse_features(self.info.get("features"), str(info_path))
+        check_default_features(self.features, str(info_path))
         self.video_keys = [k for k, f in self.features.items() if f.is_video]
         self.image_keys = [k for k, f in self.features.items() if f.is_image]
-        if self.video_keys and not self.info.get("video_path"):
-            raise RobotDataError(f"{info_path}: features {self.video_keys} are videos but 'video_path' is not set")
+        data_keys, video_keys = PLACEHOLDERS[self.version]
+        data_path = path_template(self.info["data_path"], f"{info_path}: 'data_path'", data_keys)
+        video_path = None
+        if self.video_keys:
+            if not self.info.get("video_path"):
+                raise RobotDataError(f"{info_path}: features {self.video_keys} are videos but 'video_path' is not set")
+            video_path = path_template(self.info["video_path"], f"{info_path}: 'video_path'", video_keys)
+        chunks_size = self.info.get("chunks_size")
+        if chunks_size is not None:
+            chunks_size = integer(chunks_size, f"{info_path}: 'chunks_size'", 1)
+        total_episodes = integer(self.info["total_episodes"], f"{info_path}: 'total_episodes'", 0)
+        total_frames = integer(self.info["total_frames"], f"{info_path}: 'total_frames'", 0)
         self.tasks = self._load_tasks()
-        self.episodes = self._load_episodes_v3() if self.version == "v3.0" else self._load_episodes_v21()
-        if len(self.episodes.index) != self.info["total_episodes"]:
-            raise RobotDataError(f"{info_path}: total_episodes is {self.info['total_episodes']} but the episode "
+        if "total_tasks" in self.info:
+            total_tasks = integer(self.info["total_tasks"], f"{info_path}: 'total_tasks'", 0)
+            if total_tasks != len(self.tasks):
+                raise RobotDataError(f"{info_path}: total_tasks is {total_tasks} but {self._tasks_path} lists "
+                                     f"{len(self.tasks)}")
+        if self.version == "v3.0":
+            self.episodes = load_v3(self.root, data_path, video_path, self.video_keys, chunks_size)
+        else:
+            self.episodes = load_v21(self.root, data_path, video_path, self.video_keys, chunks_size or 1000)
+            self._check_total_chunks(info_path, chunks_size or 1000)
+        if len(self.episodes.index) != total_episodes:
+            raise RobotDataError(f"{info_path}: total_episodes is {total_episodes} but the episode "
                                  f"metadata lists {len(self.episodes.index)}")
-        self.stats = load_stats(self.root / STATS_PATH)
+        if self.total_frames != total_frames:
+            raise RobotDataError(f"{info_path}: total_frames is {total_frames} but the episode lengths in the "
+                                 f"episode metadata add up to {self.total_frames}")
+        self.stats = load_stats(self.root / STATS_PATH, self.features)
         if self.stats is None and (self.root / V21_EPISODES_STATS_PATH).is_file():
             # LeRobot 0.3 writes only per-episode statistics for v2.1 and aggregates them when it loads.
-            rows = _read_jsonl(self.root / V21_EPISODES_STATS_PATH, ("episode_index", "stats"))
-            self.stats = aggregate_stats([{k: {s: np.asarray(v) for s, v in st.items()} for k, st in r["stats"].items()}
-                                          for r in rows])
+            self.stats = _aggregate_episode_stats(self.root / V21_EPISODES_STATS_PATH, self.features)
+        if check_files:
+            problems = data_file_problems(self)
+            if problems:
+                raise RobotDataError(problems[0])
 
     @property
     def camera_keys(self) -> list[str]:
@@ -103,132 +117,172 @@ class DatasetMeta:
                                       f"{', '.join(self.features)})")
         return self.features[key]
 
+    def video_paths(self, key: str, positions) -> dict[int, Path]:
+        """The video file of camera ``key`` for each episode position, each checked to exist: a missing file fails
+        now, not in a loader worker hours later."""
+        paths = {rel: self.root / rel for rel in dict.fromkeys(self.episodes.video_file[key][p] for p in positions)}
+        for path in paths.values():
+            if not path.is_file():
+                raise VideoDecodeError(f"{path}: video file of '{key}' not found")
+        return {int(p): paths[self.episodes.video_file[key][p]] for p in positions}
+
+    @property
+    def _tasks_path(self) -> Path:
+        return self.root / (V3_TASKS_PATH if self.version == "v3.0" else V21_TASKS_PATH)
+
     def _load_tasks(self) -> list[str]:
         """Task strings ordered by task_index."""
+        path = self._tasks_path
         if self.version == "v3.0":
-            path = self.root / V3_TASKS_PATH
-            table = _read_parquet(path)
-            if "task_index" not in table.column_names:
+            names = _parquet_names(path)
+            if "task_index" not in names:
                 raise RobotDataError(f"{path}: missing column 'task_index'")
             # pandas writes the index (the task strings) as a column named by the schema's pandas metadata.
-            names = [c for c in table.column_names if c != "task_index"]
-            if not names:
+            others = [c for c in names if c != "task_index"]
+            if not others:
                 raise RobotDataError(f"{path}: no task column besides 'task_index'")
-            col = "__index_level_0__" if "__index_level_0__" in names else ("task" if "task" in names else names[0])
-            pairs = zip(table.column("task_index").to_pylist(), table.column(col).to_pylist())
+            col = "__index_level_0__" if "__index_level_0__" in others else ("task" if "task" in others else others[0])
+            table = read_table(path, ["task_index", col])
+            pairs = zip(expect_column(table, "task_index", path, ("int",)),
+                        expect_column(table, col, path, ("string",)))
+            rows = [(f"{path} row {r}", i, t) for r, (i, t) in enumerate(pairs)]
         else:
-            path = self.root / V21_TASKS_PATH
-            pairs = ((row["task_index"], row["task"]) for row in _read_jsonl(path, ("task_index", "task")))
-        by_index = dict(pairs)
+            rows = []
+            for n, row in read_jsonl(path):
+                for key in ("task_index", "task"):
+                    if key not in row:
+                        raise RobotDataError(f"{path}:{n}: missing key '{key}'")
+                if not isinstance(row["task"], str):
+                    raise RobotDataError(f"{path}:{n}: 'task': expected a string, got {show(row['task'])}")
+                rows.append((f"{path}:{n}", row["task_index"], row["task"]))
+        by_index: dict[int, tuple[str, str]] = {}
+        for where, i, task in rows:
+            i = integer(i, f"{where}: 'task_index'", 0)
+            if i in by_index:
+                raise RobotDataError(f"{path}: task_index {i} is listed twice ({by_index[i][0]}, {where})")
+            by_index[i] = (where, task)
         if sorted(by_index) != list(range(len(by_index))):
             raise RobotDataError(f"{path}: task_index values must be 0..{len(by_index) - 1}, got {sorted(by_index)}")
-        return [by_index[i] for i in range(len(by_index))]
+        return [by_index[i][1] for i in range(len(by_index))]
 
-    def _load_episodes_v3(self) -> EpisodeTable:
-        files = sorted((self.root / V3_EPISODES_DIR).glob("chunk-*/file-*.parquet"))
-        if not files:
-            raise RobotDataError(f"{self.root / V3_EPISODES_DIR}: no episode metadata files (chunk-*/file-*.parquet)")
-        needed = ["episode_index", "length", "tasks", "dataset_from_index", "dataset_to_index",
-                  "data/chunk_index", "data/file_index"]
-        for key in self.video_keys:
-            needed += [f"videos/{key}/chunk_index", f"videos/{key}/file_index", f"videos/{key}/from_timestamp"]
-        cols: dict[str, list] = {c: [] for c in needed}
-        for path in files:
-            table = _read_parquet(path)
-            for c in needed:
-                if c not in table.column_names:
-                    raise RobotDataError(f"{path}: missing column '{c}'")
-                cols[c] += table.column(c).to_pylist()
-        order = np.argsort(np.asarray(cols["episode_index"], dtype=np.int64), kind="stable")
-        col = {c: [v[i] for i in order] for c, v in cols.items()}
-        data_path = self.info["data_path"]
-        return EpisodeTable(
-            index=np.asarray(col["episode_index"], dtype=np.int64),
-            length=np.asarray(col["length"], dtype=np.int64),
-            start=np.asarray(col["dataset_from_index"], dtype=np.int64),
-            data_file=[data_path.format(chunk_index=c, file_index=f)
-                       for c, f in zip(col["data/chunk_index"], col["data/file_index"])],
-            video_file={k: [self.info["video_path"].format(video_key=k, chunk_index=c, file_index=f)
-                            for c, f in zip(col[f"videos/{k}/chunk_index"], col[f"videos/{k}/file_index"])]
-                        for k in self.video_keys},
-            video_start={k: np.asarray(col[f"videos/{k}/from_timestamp"], dtype=np.float64) for k in self.video_keys},
-            tasks=col["tasks"],
-        )
-
-    def _load_episodes_v21(self) -> EpisodeTable:
-        rows = sorted(_read_jsonl(self.root / V21_EPISODES_PATH, ("episode_index", "length")),
-                      key=lambda r: r["episode_index"])
-        index = np.asarray([r["episode_index"] for r in rows], dtype=np.int64)
-        length = np.asarray([r["length"] for r in rows], dtype=np.int64)
-        chunks = index // int(self.info.get("chunks_size", 1000))
-        data_path, video_path = self.info["data_path"], self.info.get("video_path")
-        return EpisodeTable(
-            index=index,
-            length=length,
-            start=np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64),
-            data_file=[data_path.format(episode_chunk=c, episode_index=e) for c, e in zip(chunks, index)],
-            video_file={k: [video_path.format(episode_chunk=c, video_key=k, episode_index=e)
-                            for c, e in zip(chunks, index)] for k in self.video_keys},
-            video_start={k: np.zeros(len(index)) for k in self.video_keys},
-            tasks=[list(r.get("tasks") or []) for r in rows],
-        )
+    def _check_total_chunks(self, info_path: Path, chunks_size: int) -> None:
+        """v2.1 keeps episode i in chunk i // chunks_size: info.json's total_chunks must count them."""
+        if "total_chunks" not in self.info:
+            return
+        total = integer(self.info["total_chunks"], f"{info_path}: 'total_chunks'", 0)
+        needed = int(self.episodes.index.max()) // chunks_size + 1
+        if total != needed:
+            raise RobotDataError(f"{info_path}: total_chunks is {total} but episodes 0..{self.episodes.index.max()} "
+                                 f"with chunks_size {chunks_size} fill {needed}")
 
 
-def load_stats(path: Path) -> dict[str, dict[str, np.ndarray]] | None:
-    """``meta/stats.json`` as arrays (``None`` when the dataset has none)."""
+def _parquet_names(path: Path) -> list[str]:
+    if not path.is_file():
+        raise RobotDataError(f"{path}: file not found")
+    try:
+        return pq.read_schema(path).names
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise RobotDataError(unreadable_parquet(path, e)) from None
+
+
+def load_stats(path: Path, features: dict[str, Feature] | None = None) -> dict[str, dict[str, np.ndarray]] | None:
+    """``meta/stats.json`` as arrays (``None`` when the dataset has none), shaped as ``features`` say."""
     if not path.is_file():
         return None
-    raw = _load_json(path)
+    return parse_stats(load_json(path), str(path), features or {})
+
+
+def parse_stats(raw: object, source: str, features: dict[str, Feature]) -> dict[str, dict[str, np.ndarray]]:
+    """Feature -> statistic -> finite numbers; a feature's statistics have its shape (cameras: [C, 1, 1])."""
     if not isinstance(raw, dict):
-        raise RobotDataError(f"{path}: expected a JSON object of feature -> statistics")
-    return {k: {s: np.asarray(v) for s, v in st.items()} for k, st in raw.items()}
+        raise RobotDataError(f"{source}: expected a JSON object of feature -> statistics, got {show(raw)}")
+    out = {}
+    for key, stats in raw.items():
+        if not isinstance(stats, dict):
+            raise RobotDataError(f"{source}: '{key}': expected a mapping of statistic -> values, got {show(stats)}")
+        ft = features.get(key)
+        out[key] = {}
+        for name, value in stats.items():
+            arr = numeric_array(value, f"{source}: {key}.{name}")
+            if ft is not None and ft.dtype != "string":
+                if name == "count":
+                    ok, want = arr.size == 1, "one number"
+                elif ft.is_visual:
+                    ok, want = arr.shape == (ft.channels, 1, 1), f"shape {[ft.channels, 1, 1]} (per channel)"
+                else:
+                    ok = arr.shape == ft.shape or (ft.is_scalar and arr.shape == ())
+                    want = f"the feature's shape {list(ft.shape)}"
+                if not ok:
+                    raise RobotDataError(f"{source}: {key}.{name} has shape {list(arr.shape)}, expected {want}")
+            out[key][name] = arr
+    return out
 
 
-def _load_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RobotDataError(f"{path}: not valid JSON ({e})") from None
+def _aggregate_episode_stats(path: Path, features: dict[str, Feature]) -> dict[str, dict[str, np.ndarray]]:
+    parts: list[dict[str, dict[str, np.ndarray]]] = []
+    first: dict[tuple[str, str], tuple[str, tuple]] = {}  # (feature, stat) -> (where, shape) of its first row
+    for n, row in read_jsonl(path):
+        where = f"{path}:{n}"
+        if "stats" not in row:
+            raise RobotDataError(f"{where}: missing key 'stats'")
+        stats = parse_stats(row["stats"], where, features)
+        for key, st in stats.items():
+            for name in AGGREGATED_STATS:
+                if name not in st:
+                    raise RobotDataError(f"{where}: {key} lacks '{name}' (needed to aggregate episode statistics)")
+            if st["count"].reshape(-1)[0] <= 0:
+                raise RobotDataError(f"{where}: {key}.count is {st['count'].reshape(-1)[0]}, expected a count >= 1")
+            for name, arr in st.items():
+                seen = first.setdefault((key, name), (where, arr.shape))
+                if seen[1] != arr.shape:
+                    raise RobotDataError(f"{where}: {key}.{name} has shape {list(arr.shape)}, {seen[0]} has "
+                                         f"{list(seen[1])}")
+        parts.append(stats)
+    return aggregate_stats(parts)
 
 
-def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict]:
-    if not path.is_file():
-        raise RobotDataError(f"{path}: file not found")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RobotDataError(f"{path}:{n}: not valid JSON ({e})") from None
-        missing = [k for k in required if k not in row]
-        if missing:
-            raise RobotDataError(f"{path}:{n}: missing key '{missing[0]}'")
-        rows.append(row)
-    return rows
-
-
-def _read_parquet(path: Path, columns: list[str] | None = None, filters=None):
-    if not path.is_file():
-        raise RobotDataError(f"{path}: file not found")
-    try:
-        return pq.read_table(path, columns=columns, filters=filters, memory_map=True)
-    except Exception as e:  # pyarrow raises several types for damaged files
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
-
-
-def check_parquet_footer(path: Path) -> None:
+def check_parquet_footer(path: Path):
     """Reads only the footer: a missing, truncated or foreign file fails here without reading its rows."""
     if not path.is_file():
         raise RobotDataError(f"{path}: file not found")
     try:
-        pq.read_metadata(path)
+        return pq.read_metadata(path)
     except Exception as e:  # pyarrow raises several types for damaged files
-        raise RobotDataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise RobotDataError(unreadable_parquet(path, e)) from None
+
+
+def data_file_problems(meta: DatasetMeta) -> list[str]:
+    """What the data files' footers say against the metadata: a file missing or unreadable, a column missing or of
+    another shape, a row count other than the lengths of the episodes the metadata puts in the file."""
+    problems = []
+    eps = meta.episodes
+    for rel, positions in eps.files().items():
+        path = meta.root / rel
+        try:
+            footer = check_parquet_footer(path)
+            schema = footer.schema.to_arrow_schema()
+        except RobotDataError as e:
+            problems.append(str(e))
+            continue
+        except Exception as e:  # a footer whose schema arrow cannot map
+            problems.append(unreadable_parquet(path, e))
+            continue
+        problems += column_problems(meta.features, schema, path)
+        expected = int(eps.length[positions].sum())
+        if footer.num_rows != expected:
+            lengths = ", ".join(str(n) for n in eps.length[positions][:5]) + (", ..." if len(positions) > 5 else "")
+            problems.append(f"{path}: holds {footer.num_rows} rows but the episode metadata puts {expected} in it "
+                            f"({episode_list(eps.index[positions])} of length{'s' * (len(positions) > 1)} {lengths})")
+    return problems
 
 
 def read_frames(root: Path, rel_path: str, episodes: np.ndarray | None):
     """Rows of one data file, only of ``episodes`` when given."""
+    path = root / rel_path
+    if not path.is_file():
+        raise RobotDataError(f"{path}: file not found")
     filters = pc.field("episode_index").isin(episodes.tolist()) if episodes is not None else None
-    return _read_parquet(root / rel_path, filters=filters)
+    try:
+        return pq.read_table(path, filters=filters, memory_map=True)
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise RobotDataError(unreadable_parquet(path, e)) from None

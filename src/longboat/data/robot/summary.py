@@ -1,19 +1,14 @@
-"""A human-readable summary of a LeRobot dataset, for ``longboat data info``, after checking that every data file's
-parquet footer reads (cheap: a truncated file fails here rather than in a training run)."""
+"""A human-readable summary of a LeRobot dataset, for ``longboat data info``. Opening the dataset has checked its
+metadata and every data file's parquet footer (cheap: a truncated file fails here rather than in a training run)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import av
 
-from longboat.data.robot.meta import DatasetMeta, check_parquet_footer
+from longboat.data.robot.meta import DatasetMeta
 
 
-def describe(root: str | Path) -> str:
-    meta = DatasetMeta(root)
-    for rel in dict.fromkeys(meta.episodes.data_file):
-        check_parquet_footer(meta.root / rel)
+def describe(meta: DatasetMeta) -> str:
     info = meta.info
     lines = [
         f"dataset   {meta.root}",
@@ -40,8 +35,10 @@ def _codec(meta: DatasetMeta, key: str) -> str:
     codec, pix_fmt = info.get("video.codec"), info.get("video.pix_fmt")
     if not codec and meta.episodes.video_file[key]:
         path = meta.root / meta.episodes.video_file[key][0]
-        if path.is_file():
+        try:
             with av.open(str(path)) as c:
                 s = c.streams.video[0]
                 codec, pix_fmt = s.codec.canonical_name, s.pix_fmt
+        except (OSError, IndexError, av.error.FFmpegError):  # missing or damaged: reading frames names it
+            pass
     return f"{codec or 'unknown codec'} {pix_fmt or ''}".rstrip()

@@ -22,6 +22,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from longboat.data.robot.errors import VideoDecodeError
+from longboat.data.robot.fields import one_line
 
 _READERS: weakref.WeakSet = weakref.WeakSet()
 _INHERITED: list = []  # containers a forked process inherited: never used, never freed
@@ -142,7 +143,7 @@ class VideoFrameReader:
             if not container.streams.video:
                 raise VideoDecodeError(f"{path}: cannot open video: it has no video stream (truncated or damaged?)")
         except av.error.FFmpegError as e:
-            raise VideoDecodeError(f"{path}: cannot open video ({e})") from None
+            raise VideoDecodeError(f"{path}: cannot open video ({one_line(e)})") from None
         if get_worker_info() is None:  # loader workers are the parallelism; threads in each would oversubscribe
             container.streams.video[0].thread_type = "AUTO"
         video = self._open[path] = _OpenVideo(container)
@@ -161,7 +162,7 @@ class VideoFrameReader:
             return self._decode(path, timestamps)
         except av.error.FFmpegError as e:
             self._forget(path)
-            raise VideoDecodeError(f"{path}: decoding failed near {min(timestamps):.4f}s ({e})") from None
+            raise VideoDecodeError(f"{path}: decoding failed near {min(timestamps):.4f}s ({one_line(e)})") from None
 
     def _forget(self, path: Path) -> None:
         video = self._open.pop(path, None)

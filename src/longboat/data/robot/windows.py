@@ -17,7 +17,14 @@ def delta_indices(delta_timestamps: dict[str, list[float]], fps: float, toleranc
     for key, offsets in delta_timestamps.items():
         if not isinstance(offsets, (list, tuple)) or not offsets:
             raise RobotDataError(f"delta_timestamps.{key}: expected a non-empty list of offsets in seconds")
-        frames = np.asarray(offsets, dtype=np.float64) * fps
+        try:
+            seconds = np.asarray(offsets, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise RobotDataError(f"delta_timestamps.{key}: expected a list of offsets in seconds, "
+                                 f"got {offsets}") from None
+        frames = seconds * fps
+        if seconds.ndim != 1 or not np.isfinite(frames).all():
+            raise RobotDataError(f"delta_timestamps.{key}: offsets {offsets} at fps {fps} are not finite frame counts")
         rounded = np.round(frames)
         off = np.abs(frames - rounded) / fps > tolerance_s
         if off.any():
