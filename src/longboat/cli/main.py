@@ -180,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     set_cpu_threads(args.threads)
     device = args.device or ("cuda" if _cuda() else "cpu")
     policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
-    serve(policy, cfg, verbose=args.verbose)
+    serve(policy, cfg, verbose=args.verbose, exit_with_stdin=args.exit_with_stdin)
     return 0
 
 
@@ -327,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default: all but one core, which is left to the event loop)")
     p.add_argument("--verbose", action="store_true",
                    help="also log each connection opened and closed and each health check (websockets' INFO lines)")
+    p.add_argument("--exit-with-stdin", action="store_true",
+                   help="stop gracefully when stdin reaches its end: a process that starts the server and holds the "
+                        "pipe to its stdin ends it by ending, however it ends")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("models", help="list the model presets")

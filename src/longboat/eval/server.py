@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import http
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -24,7 +25,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from pydantic import Field
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -80,8 +81,8 @@ class PolicyServer:
             async with serve(self._handle, self.cfg.host, self.cfg.port, compression=None,
                              max_size=self.cfg.max_message_bytes, process_request=self._process_request) as server:
                 port = _bound_port(server)
-                log.info("serving on ws://%s:%d (batch window %g ms, max batch %d)", self.cfg.host, port,
-                         self.cfg.batch_window_ms, self.cfg.max_batch)
+                log.info("serving on ws://%s:%d (pid %d, batch window %g ms, max batch %d)", self.cfg.host, port,
+                         os.getpid(), self.cfg.batch_window_ms, self.cfg.max_batch)
                 if ready is not None:
                     ready.set_result(port)
                 await (stop.wait() if stop is not None else asyncio.Future())
@@ -184,8 +185,10 @@ class PolicyServer:
             raise RuntimeError(f"the policy returned {len(results)} results for {len(observations)} observations")
         return [(r, infer_ms) for r in results]
 
-    def run(self) -> None:
-        """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
+    def run(self, stop_on_eof: BinaryIO | None = None) -> None:
+        """Serve in the foreground until interrupted (Ctrl-C or SIGTERM) or, given ``stop_on_eof``, until that
+        stream ends: a process that starts the server holds the write end of its stdin, so the server stops when that
+        process dies, however it died (SIGKILL included)."""
         import signal
 
         async def main():
@@ -193,6 +196,9 @@ class PolicyServer:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
+            if stop_on_eof is not None:
+                threading.Thread(target=_wait_for_eof, args=(stop_on_eof, loop, stop), name="longboat-stdin",
+                                 daemon=True).start()
             await self.serve(stop=stop)
             log.info("stopped after %d requests in %d forward passes", self.stats.requests, self.stats.forward_passes)
 
@@ -230,6 +236,20 @@ def serving_in_thread(server: PolicyServer, timeout: float = 30.0) -> Iterator[i
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout)
         loop.close()
+
+
+def _wait_for_eof(stream: BinaryIO, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """In a thread: read ``stream`` to its end, then stop the server (its parent closed the pipe or died)."""
+    try:
+        while stream.read(4096):
+            pass
+    except (OSError, ValueError):  # closed under us: the same as its end
+        pass
+    log.info("stdin closed: the process that started this server has ended; stopping")
+    try:
+        loop.call_soon_threadsafe(stop.set)
+    except RuntimeError:  # the loop has already closed
+        pass
 
 
 def _settle(batch: list[_Pending], outcomes: list) -> None:

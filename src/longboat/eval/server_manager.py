@@ -2,7 +2,8 @@
 
 The child runs in its own process group (a signal meant for it reaches whatever it started, and a Ctrl-C meant for
 the evaluation does not kill it mid-request), writes to a log file, and counts as started when ``GET /healthz``
-answers. A watchdog restarts it when it dies or stops answering; ``stop`` sends SIGTERM to the group, then SIGKILL
+answers. The child stops when this process ends, however it ends (SIGKILL included): this process holds the pipe
+to its stdin, whose end stops the server (``--exit-with-stdin``). A watchdog restarts it when it dies or stops answering; ``stop`` sends SIGTERM to the group, then SIGKILL
 after a grace period. Clients reconnect on their own (``PolicyClient``), so a restart costs them a retry.
 """
 
@@ -78,15 +79,18 @@ class ServerManager:
     def _launch(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "longboat", "serve", *self.serve_args, "--host", self.host,
-               "--port", str(self.port)]
+               "--port", str(self.port), "--exit-with-stdin"]
         with open(self.log_file, "ab") as out:
             out.write(f"\n[manager] {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
             out.flush()
-            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # This process holds the write end of the child's stdin and never writes to it: when this process ends,
+            # however it ends, the pipe closes and the child stops (--exit-with-stdin).
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                           env=self.env, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                _close_stdin(self._proc)
                 raise ServerStartError(f"longboat serve exited with status {self._proc.returncode} before it "
                                        f"answered; see {self.log_file}")
             if self.healthy(timeout=1.0):
@@ -125,17 +129,19 @@ class ServerManager:
         """SIGTERM to the child's process group, SIGKILL after the grace period."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
+            _close_stdin(proc)
             return
         for sig, wait in ((signal.SIGTERM, self.stop_grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
-                return
+                break
             try:
                 proc.wait(wait)
-                return
+                break
             except subprocess.TimeoutExpired:
                 continue
+        _close_stdin(proc)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -151,3 +157,11 @@ class ServerManager:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _close_stdin(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass

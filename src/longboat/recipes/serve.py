@@ -12,6 +12,7 @@ transforms, predicts with each request's seed as its noise key, and maps the chu
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,9 +117,10 @@ def set_cpu_threads(threads: int | None) -> int:
     return n
 
 
-def serve(policy: ServedPolicy, cfg: ServerConfig, verbose: bool = False) -> None:
-    """Serve in the foreground until Ctrl-C or SIGTERM, logging to stderr; websockets' own lines (every connection
-    opened and closed, every health check answered) only when ``verbose``."""
+def serve(policy: ServedPolicy, cfg: ServerConfig, verbose: bool = False, exit_with_stdin: bool = False) -> None:
+    """Serve in the foreground until Ctrl-C or SIGTERM (or stdin's end, when ``exit_with_stdin``), logging to
+    stderr; websockets' own lines (every connection opened and closed, every health check answered) only when
+    ``verbose``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.INFO if verbose else logging.WARNING)
-    PolicyServer(policy, cfg).run()
+    PolicyServer(policy, cfg).run(stop_on_eof=sys.stdin.buffer if exit_with_stdin else None)
