@@ -1,6 +1,7 @@
 """The server against the real ``openpi-client``: metadata, actions, seeds, timings, batching, and errors that
 stay with the client that caused them."""
 
+import re
 import threading
 import urllib.request
 
@@ -12,6 +13,8 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
+from longboat.eval.random_policy import RandomPolicy, RandomPolicyConfig
+from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
 from tests.eval.conftest import SMALL, random_server, small_obs
 
 
@@ -111,3 +114,29 @@ def test_bad_requests_get_errors_while_others_are_served():
             good.infer({"wrong": np.zeros(2)})
         # every bad frame but the oversize one (refused unread by the websocket layer), and the last request
         assert server.stats.errors == len(cases)
+
+
+class _BrokenPolicy(RandomPolicy):
+    """A policy whose forward pass fails on a state that starts with 99, as a bug in a real policy would."""
+
+    def infer(self, observations, seeds):
+        if any(o["observation/state"][0] == 99 for o in observations):
+            raise RuntimeError("shape mismatch in /srv/secret/model.py line 12")
+        return super().infer(observations, seeds)
+
+
+def test_a_policy_failure_tells_the_client_an_error_id_and_logs_the_traceback(caplog):
+    policy = _BrokenPolicy(RandomPolicyConfig(observation=SMALL))
+    server = PolicyServer(policy, ServerConfig(port=0, batch_window_ms=0))
+    with caplog.at_level("ERROR", logger="longboat.serve"), serving_in_thread(server) as port:
+        broken = {**small_obs(), "observation/state": np.full(8, 99, np.float32)}
+        reply = _refused(port, msgpack_numpy.packb(broken))
+        good = WebsocketClientPolicy("127.0.0.1", port)
+        for i in range(20):
+            good.infer({**small_obs(i), "seed": i})
+    assert "Traceback" not in reply and "/srv/secret" not in reply and "RuntimeError" not in reply
+    error_id = re.search(r"error id ([0-9a-f]+)", reply)[1]
+    logged = [r.getMessage() for r in caplog.records if error_id in r.getMessage()]
+    assert len(logged) == 1 and "Traceback" in logged[0] and "/srv/secret/model.py" in logged[0]
+    # one entry per batch size, not per forward pass, however long the server runs
+    assert server.stats.batch_sizes == {1: 20} and server.stats.forward_passes == 20

@@ -1,8 +1,9 @@
 """``PolicyServer``: the openpi websocket protocol (FORMATS.md §3), with batching off the event loop.
 
 Per connection: the metadata frame first, then request/response; a request that fails (malformed msgpack, a text
-frame, wrong keys, a bad seed, an exception in the policy) is answered with a text frame (the error, or the
-traceback) and a close with code 1011, as openpi does; an oversize frame is refused before it is read (close code
+frame, wrong keys, a bad seed, an exception in the policy) is answered with a text frame and a close with code 1011,
+as openpi does: a bad request's message, or for a failure of the policy or server a short message with an error id
+under which the traceback is logged (the client never sees the server's traceback); an oversize frame is refused before it is read (close code
 1009, the limit in the reason). Other connections are not affected. ``GET /healthz`` answers 200.
 
 Requests from all connections meet in one queue, read by one worker thread: it takes the first, waits up to
@@ -23,6 +24,7 @@ import secrets
 import threading
 import time
 import traceback
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
@@ -61,7 +63,7 @@ class ServerStats:
     forward_passes: int = 0
     requests: int = 0
     errors: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: Counter[int] = field(default_factory=Counter)  # size -> forward passes: bounded by max_batch
 
 
 class PolicyServer:
@@ -110,10 +112,7 @@ class PolicyServer:
                     result = await self._answer(message)
                 except Exception as e:  # this client's error: tell it, close its connection, serve the others
                     self.stats.errors += 1
-                    text = str(e) if isinstance(e, (ProtocolError, RequestError)) else traceback.format_exc()
-                    log.warning("request from %s failed: %s", ws.remote_address, text.strip().splitlines()[-1])
-                    await ws.send(f"{type(e).__name__}: {text}" if isinstance(e, (ProtocolError, RequestError))
-                                  else text)
+                    await ws.send(_client_message(e, ws.remote_address))
                     await ws.close(CloseCode.INTERNAL_ERROR, "request failed; see the text frame")
                     return
                 result["server_timing"] = {"infer_ms": (time.monotonic() - start) * 1000}
@@ -180,7 +179,7 @@ class PolicyServer:
         infer_ms = (time.perf_counter() - start) * 1000
         self.stats.forward_passes += 1
         self.stats.requests += len(observations)
-        self.stats.batch_sizes.append(len(observations))
+        self.stats.batch_sizes[len(observations)] += 1
         if len(results) != len(observations):
             raise RuntimeError(f"the policy returned {len(results)} results for {len(observations)} observations")
         return [(r, infer_ms) for r in results]
@@ -250,6 +249,20 @@ def _wait_for_eof(stream: BinaryIO, loop: asyncio.AbstractEventLoop, stop: async
         loop.call_soon_threadsafe(stop.set)
     except RuntimeError:  # the loop has already closed
         pass
+
+
+def _client_message(e: Exception, remote) -> str:
+    """What the client is told of its failed request: a bad request's own message; for a failure of the server or
+    the policy, a short message and an id under which the traceback is logged here (the client does not get to read
+    the server's code, paths or state)."""
+    if isinstance(e, (ProtocolError, RequestError)):
+        log.warning("request from %s refused: %s", remote, e)
+        return f"{type(e).__name__}: {e}"
+    error_id = secrets.token_hex(6)
+    log.error("request from %s failed (error id %s):\n%s", remote, error_id,
+              "".join(traceback.format_exception(e)).rstrip())
+    return f"internal server error (error id {error_id}): the request could not be answered; the server's log " \
+           f"has the details under this id"
 
 
 def _settle(batch: list[_Pending], outcomes: list) -> None:
