@@ -140,3 +140,30 @@ def test_a_policy_failure_tells_the_client_an_error_id_and_logs_the_traceback(ca
     assert len(logged) == 1 and "Traceback" in logged[0] and "/srv/secret/model.py" in logged[0]
     # one entry per batch size, not per forward pass, however long the server runs
     assert server.stats.batch_sizes == {1: 20} and server.stats.forward_passes == 20
+
+
+def test_observations_are_checked_against_the_policy_before_a_batch(served, tmp_path):
+    server, port = served
+    nan_state = np.full(8, np.nan, np.float32)
+    cases = {
+        "'observation/state': expected finite numbers": {**small_obs(), "observation/state": nan_state},
+        "'observation/image': expected finite numbers": {**small_obs(), "observation/image":
+                                                         np.full((32, 32, 3), np.inf, np.float32)},
+        "3 NaN, infinite or too large of 8": {**small_obs(), "observation/state":
+                                              np.array([1e300, -1e300, np.nan, 0, 0, 0, 0, 0])},
+        "'prompt': expected a string, got int": {**small_obs(), "prompt": 3},
+        "'observation/state': expected a numeric array, got str": {**small_obs(), "observation/state": "8 zeros"},
+        "'observation/image': expected a numeric array, got dtype bool": {
+            **small_obs(), "observation/image": np.zeros((32, 32, 3), bool)},
+    }
+    for match, obs in cases.items():
+        assert match in _refused(port, msgpack_numpy.packb(obs))
+    assert server.stats.forward_passes == 0  # none reached the policy
+    # an export checks the same way
+    from longboat.eval.served import RequestError
+    from longboat.recipes.serve import open_served_policy
+    from tests.eval.conftest import mlp_export
+
+    export = open_served_policy(mlp_export(tmp_path / "export", state_dim=8))
+    with pytest.raises(RequestError, match="'observation.state': expected finite numbers"):
+        export.check({"observation.state": nan_state})

@@ -22,7 +22,7 @@ from longboat.checkpoint.export import EXPORT_CONFIG
 from longboat.config.base import ConfigError
 from longboat.eval.random_policy import RandomPolicy, load_random_policy_config
 from longboat.eval.served import (
-    RequestError, ServedPolicy, array_of, check_keys, image_tensor, prompt_of, vector_tensor,
+    RequestError, ServedPolicy, check_keys, checked_array, image_tensor, prompt_of, vector_tensor,
 )
 from longboat.eval.server import PolicyServer, ServerConfig
 
@@ -66,7 +66,7 @@ class ServedExport:
         check_keys(obs, self.wire_keys)
         for key, feature in self.wire_keys.items():
             base = 3 if key in self.images else 1
-            x = array_of(obs, key, "uf" if base == 3 else "buif")
+            x = checked_array(obs, key, "uf" if base == 3 else "buif")
             self._time_axis(key, base, list(x.shape))
             frame, want = list(x.shape[-base:]), self.shapes.get(feature)
             if want is not None and frame != want and not (base == 3 and frame == [want[2], *want[:2]]):
