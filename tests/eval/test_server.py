@@ -2,6 +2,7 @@
 stay with the client that caused them."""
 
 import re
+import socket
 import threading
 import urllib.request
 
@@ -167,3 +168,22 @@ def test_observations_are_checked_against_the_policy_before_a_batch(served, tmp_
     export = open_served_policy(mlp_export(tmp_path / "export", state_dim=8))
     with pytest.raises(RequestError, match="'observation.state': expected finite numbers"):
         export.check({"observation.state": nan_state})
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--host", "no.such.host.invalid"], 2, "--host no.such.host.invalid: cannot resolve"),
+    (["--host", "192.0.2.1"], 2, "--host 192.0.2.1: not an address of this machine"),  # TEST-NET-1: nobody's
+    (["--device", "foo"], 2, "--device foo: not a device to serve on"),
+    (["--device", "cuda:99"], 2, "--device cuda:99: this machine has"),
+    (["--port", "BUSY"], 1, "already in use on 127.0.0.1"),
+])
+def test_serve_bad_input_is_one_error_line(args, code, message, capsys):
+    from longboat.cli.main import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        args = [str(busy.getsockname()[1]) if a == "BUSY" else a for a in args]
+        assert main(["serve", "--random-policy", *args]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err, err

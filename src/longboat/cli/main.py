@@ -168,8 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     from longboat.config.base import ConfigError, validate
-    from longboat.eval.server import ServerConfig
-    from longboat.recipes.serve import open_served_policy, random_policy, serve, set_cpu_threads
+    from longboat.eval.server import ServerConfig, check_host
+    from longboat.recipes.serve import open_served_policy, random_policy, resolve_device, serve, set_cpu_threads
 
     if (args.path is None) == (args.random_policy is None):
         raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")
@@ -177,17 +177,12 @@ def _serve(args: argparse.Namespace) -> int:
               "max_batch": args.max_batch, "max_message_bytes": args.max_message_bytes,
               "api_key": os.environ.get("LONGBOAT_API_KEY") or None}
     cfg = validate(ServerConfig, fields, "serve")
+    check_host(cfg.host)
+    device = resolve_device(args.device)
     set_cpu_threads(args.threads)
-    device = args.device or ("cuda" if _cuda() else "cpu")
     policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
     serve(policy, cfg, verbose=args.verbose, exit_with_stdin=args.exit_with_stdin)
     return 0
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -108,6 +108,31 @@ def random_policy(spec: str, device: str | torch.device = "cpu") -> RandomPolicy
     return RandomPolicy(load_random_policy_config(spec), device)
 
 
+def resolve_device(name: str | None) -> torch.device:
+    """``--device`` as a torch device this machine has (default: cuda when available, else cpu); a name torch does
+    not know or a device that is not here is refused before the policy is loaded."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ConfigError(f"--device {name}: not a device to serve on (expected cpu, cuda, cuda:N or mps)")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--device {name}: this machine has no CUDA device; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:  # torch says "not compiled with" by an AssertionError
+        why = str(e).splitlines()[0].split(". ")[0]
+        raise ConfigError(f"--device {name}: not usable on this machine ({why})") from None
+    return device
+
+
 def set_cpu_threads(threads: int | None) -> int:
     """Torch's CPU threads for the policy: ``threads``, else all that torch would use but one, which is left to
     the event loop (intra-op threads spinning on its core slow every request, by tens of times when cores are
