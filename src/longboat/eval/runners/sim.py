@@ -76,6 +76,10 @@ class SimRunner(Runner):
     def tasks(self) -> list[str]:
         return SIMULATORS[self.name].tasks()
 
+    def sizes(self, task: str) -> tuple[int | None, int | None]:
+        sim = SIMULATORS[self.name].make  # the SimEnv class: a size it sets per task (Fetch's state) is unknown here
+        return getattr(sim, "state_dim", None), getattr(sim, "action_dim", None)
+
     def env_fn(self, task: str, spec: ObservationSpec):
         return partial(_sim_task_env, f"{self.name}:{task}", spec, self.action_bounds)
 
