@@ -39,8 +39,17 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
     log = tmp_path / "serve.log"
     manager = ServerManager(["/nonexistent/export"], log)
     start = time.monotonic()
-    with pytest.raises(ServerStartError, match="exited with status 2"):
+    with pytest.raises(ServerStartError, match=r"exited with status 2 before it answered \(/nonexistent/export: not a "
+                                               r"policy export"):  # the server's own error line
         manager.start()
     assert time.monotonic() - start < 60
     assert "no such export" in log.read_text() or "not a policy export" in log.read_text()
     manager.stop()
+
+
+def test_a_host_that_does_not_resolve_is_refused_before_a_server_starts(tmp_path):
+    from longboat.config.base import ConfigError
+
+    with pytest.raises(ConfigError, match="--host no.such.host.invalid: cannot resolve"):
+        ServerManager(["--random-policy", SPEC], tmp_path / "serve.log", host="no.such.host.invalid")
+    assert not (tmp_path / "serve.log").exists()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from longboat.errors import LongboatError
 from longboat.eval.protocol import HEALTH_PATH
+from longboat.eval.server import bind_error
 
 log = logging.getLogger("longboat.serve")
 
@@ -34,7 +35,10 @@ class ServerStartError(LongboatError, RuntimeError):
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, for a server that must keep its port across restarts."""
     with socket.socket() as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as e:
+            raise bind_error(host, 0, e) from None
         return s.getsockname()[1]
 
 
@@ -92,7 +96,7 @@ class ServerManager:
             if self._proc.poll() is not None:
                 _close_stdin(self._proc)
                 raise ServerStartError(f"longboat serve exited with status {self._proc.returncode} before it "
-                                       f"answered; see {self.log_file}")
+                                       f"answered{_its_error(self.log_file)}; see {self.log_file}")
             if self.healthy(timeout=1.0):
                 log.info("policy server up on %s:%d (pid %d)", self.host, self.port, self._proc.pid)
                 return
@@ -157,6 +161,16 @@ class ServerManager:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _its_error(log_file: Path) -> str:
+    """The server's own ``error:`` line in its log, if it ended with one."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()[-20:]
+    except OSError:
+        return ""
+    said = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return f" ({said[-1]})" if said else ""
 
 
 def _close_stdin(proc: subprocess.Popen | None) -> None:
