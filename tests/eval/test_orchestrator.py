@@ -24,6 +24,24 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (Linux: read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: connections in TIME_WAIT pass
@@ -51,12 +69,15 @@ def test_sigkill_of_eval_ends_the_server_it_started(tmp_path):
             time.sleep(0.1)
         assert up, f"the server did not come up; {log.read_text() if log.exists() else 'no log'}"
         port, pid = int(up[1]), int(up[2])
+        started = _descendants(proc.pid)
+        assert pid in started
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 30
-        while not (_gone(pid) and _port_free(port)) and time.monotonic() < deadline:
+        while not (all(map(_gone, started)) and _port_free(port)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _gone(pid) and _port_free(port), f"the server (pid {pid}) outlived the eval that started it"
+        left = [p for p in started if not _gone(p)]
+        assert not left and _port_free(port), f"processes {left} (the server: {pid}) outlived the eval"
         assert "the process that started this server has ended; stopping" in log.read_text()
     finally:
         proc.kill()
