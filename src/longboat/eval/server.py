@@ -4,7 +4,8 @@ Per connection: the metadata frame first, then request/response; a request that 
 frame, wrong keys, a bad seed, an exception in the policy) is answered with a text frame and a close with code 1011,
 as openpi does: a bad request's message, or for a failure of the policy or server a short message with an error id
 under which the traceback is logged (the client never sees the server's traceback); an oversize frame is refused
-before it is read (close code 1009, the limit in the reason). Other connections are not affected. ``GET /healthz`` answers 200.
+before it is read (close code 1009, the limit in the reason). Other connections are not affected. ``GET /healthz``
+answers 200.
 
 Requests from all connections meet in one queue, read by one worker thread: it takes the first, waits up to
 ``batch_window_ms`` for more (``max_batch`` at most, and never for more requests than there are connected clients,

@@ -4,7 +4,8 @@ The child runs in its own process group (a signal meant for it reaches whatever 
 the evaluation does not kill it mid-request), writes to a log file, and counts as started when ``GET /healthz``
 answers. The child stops when this process ends, however it ends (SIGKILL included): this process holds the pipe
 to its stdin, whose end stops the server (``--exit-with-stdin``). A watchdog restarts it when it dies or stops
-answering; ``stop`` sends SIGTERM to the group, then SIGKILL after a grace period. Clients reconnect on their own (``PolicyClient``), so a restart costs them a retry.
+answering; ``stop`` sends SIGTERM to the group, then SIGKILL after a grace period. Clients reconnect on their own
+(``PolicyClient``), so a restart costs them a retry.
 """
 
 from __future__ import annotations
