@@ -168,7 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     from longboat.config.base import ConfigError, validate
-    from longboat.eval.server import ServerConfig, check_host
+    from longboat.eval.addresses import check_host
+    from longboat.eval.server import ServerConfig
     from longboat.recipes.serve import open_served_policy, random_policy, resolve_device, serve, set_cpu_threads
 
     if (args.path is None) == (args.random_policy is None):

@@ -16,14 +16,12 @@ while the event loop keeps reading, decoding, checking and answering.
 from __future__ import annotations
 
 import asyncio
-import errno
 import hmac
 import http
 import logging
 import os
 import queue
 import secrets
-import socket
 import threading
 import time
 import traceback
@@ -38,8 +36,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from longboat.config.base import ConfigError, StrictModel
-from longboat.errors import LongboatError, WorldError
+from longboat.config.base import StrictModel
+from longboat.eval.addresses import bind_error
 from longboat.eval.protocol import HEALTH_PATH, SEED_KEY, Packer, ProtocolError, unpackb
 from longboat.eval.served import MAX_SEED, RequestError, ServedPolicy, seed_of, to_numpy
 
@@ -281,29 +279,6 @@ def _settle(batch: list[_Pending], outcomes: list) -> None:
             pending.future.set_exception(outcome)
         else:
             pending.future.set_result(outcome)
-
-
-def check_host(host: str) -> None:
-    """Refuse a ``--host`` that does not resolve, before the policy is loaded."""
-    try:
-        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
-        raise ConfigError(f"--host {host}: cannot resolve this address ({getattr(e, 'strerror', None) or e})") \
-            from None
-
-
-def bind_error(host: str, port: int, e: OSError) -> LongboatError:
-    """What a failed bind means to the user: a port in use (or forbidden) is the world's, an address that is not
-    this machine's is a bad value."""
-    if isinstance(e, socket.gaierror):
-        return ConfigError(f"--host {host}: cannot resolve this address ({e.strerror or e})")
-    if e.errno == errno.EADDRNOTAVAIL:
-        return ConfigError(f"--host {host}: not an address of this machine; use 127.0.0.1, 0.0.0.0 or one of "
-                           f"its interfaces' addresses")
-    if e.errno == errno.EADDRINUSE:
-        return WorldError(f"--port {port}: already in use on {host}; stop what listens there or choose another "
-                          f"port (0: any free one)")
-    return WorldError(f"cannot listen on {host}:{port}: {e.strerror or e}")
 
 
 def _bound_port(server: Server) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from longboat.errors import LongboatError
 from longboat.eval.protocol import HEALTH_PATH
-from longboat.eval.server import bind_error
+from longboat.eval.addresses import bind_error
 
 log = logging.getLogger("longboat.serve")
 
