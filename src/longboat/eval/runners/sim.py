@@ -106,6 +106,11 @@ class FetchRunner(SimRunner):
     """gymnasium-robotics Fetch: ``reach``, ``push``, ``pick_and_place``."""
 
     simulator_modules = ("gymnasium_robotics",)
+    # FetchEnv learns its state size from a first reset: observation + desired goal, per task
+    state_dims = {"reach": 13, "push": 28, "pick_and_place": 28}
+
+    def sizes(self, task: str) -> tuple[int | None, int | None]:
+        return self.state_dims.get(task), super().sizes(task)[1]
 
 
 @register_runner("pusht")
