@@ -130,13 +130,14 @@ def test_a_policy_that_fits_runs(tmp_path, capsys):
 
 @pytest.mark.parametrize("fields, message", [
     ({"output_dir": "FILE"}, "is a file; expected a directory"),
+    ({"output_dir": "FILE/out"}, "a parent of it is a file, not a directory"),
     ({"seeds": [3, -1]}, "'seeds.1': Input should be greater than or equal to 0"),
     ({"seed": -1}, "'seed': Input should be greater than or equal to 0"),
     ({"request_timeout_s": 0}, "'request_timeout_s': Input should be greater than 0"),
 ])
 def test_bad_eval_settings_are_one_line(tmp_path, capsys, fields, message):
     (tmp_path / "file").write_text("notes\n")
-    fields = {k: str(tmp_path / "file") if v == "FILE" else v for k, v in fields.items()}
+    fields = {k: v.replace("FILE", str(tmp_path / "file")) if isinstance(v, str) else v for k, v in fields.items()}
     code, err = _eval(tmp_path, capsys, **fields)
     assert code == 2 and message in err
     assert (tmp_path / "file").read_text() == "notes\n"

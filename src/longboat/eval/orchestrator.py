@@ -26,7 +26,7 @@ from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_c
                                    vector_mode)
 from longboat.eval.results import (RESULTS_FILE, RUN_FILE, ResultsFile, read_results, summarize, write_json,
                                    write_summary)
-from longboat.eval.runners import ObservationSpec, make_runner
+from longboat.eval.runners import ObservationSpec, Runner, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
 from longboat.utils.interrupt import ctrl_c_sets
 
@@ -90,8 +90,8 @@ def _make_output_dir(out: Path) -> None:
         raise ConfigError(f"output_dir {out}: is a file; expected a directory (new, or an evaluation's to resume)")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # a parent is a file
-        raise ConfigError(f"output_dir {out}: a parent of it is a file") from None
+    except (FileExistsError, NotADirectoryError):  # a parent is a file
+        raise ConfigError(f"output_dir {out}: a parent of it is a file, not a directory") from None
     except OSError as e:
         raise WorldError(f"output_dir {out}: cannot create it ({e.strerror or e})") from None
 
@@ -119,7 +119,7 @@ def _check_run(out: Path, cfg: EvalConfig) -> None:
     write_json(path, identity)
 
 
-def _check_sizes(cfg: EvalConfig, runner, spec: ObservationSpec, meta: dict) -> None:
+def _check_sizes(cfg: EvalConfig, runner: Runner, spec: ObservationSpec, meta: dict) -> None:
     """The policy's action and state sizes (its metadata, the export's manifest) against the benchmark's, before
     the first episode. A wider action is allowed: a policy trained on several simulators pads its actions to the
     widest, and each env takes its own leading dimensions."""
