@@ -30,3 +30,24 @@ def random_server(**server_fields):
 def served():
     with random_server() as (server, port):
         yield server, port
+
+
+def mlp_export(directory, state_dim: int = 39, action_dim: int = 4, horizon: int = 4):
+    """An untrained state-only MLP written as a policy export (Meta-World's sizes by default): what a managed
+    server serves in the tests that need a real ``longboat serve`` but not a trained policy."""
+    import json
+
+    import torch
+
+    from longboat.checkpoint.export import save_export
+    from longboat.data.robot.transforms import Pipeline, pipeline_assets
+    from longboat.models.policy.mlp import MLPPolicy, MLPPolicyConfig
+
+    cfg = MLPPolicyConfig(state_dim=state_dim, action_dim=action_dim, horizon=horizon, hidden_dim=16, n_layers=1)
+    torch.manual_seed(0)
+    manifest = {"format_version": 1, "wire_keys": {"observation.state": "observation.state"},
+                "input_features": {"observation.state": {"shape": [state_dim]}},
+                "horizon": horizon, "n_obs_steps": 1, "prompt": None}
+    assets = {**pipeline_assets(Pipeline.from_config([], {})), "policy.json": json.dumps(manifest).encode()}
+    return save_export(directory, MLPPolicy(cfg), "mlp", cfg.model_dump(mode="json"), assets,
+                       extra={"task": "policy"})

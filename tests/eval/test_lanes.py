@@ -41,6 +41,8 @@ def test_async_lanes_run_the_same_episodes_as_envs_stepping_together(server, tmp
 
 @pytest.mark.slow
 def test_a_lane_error_ends_the_run_with_its_task_and_seed(tmp_path):
-    with random_server(policy={"observation": {"observation.state": [3]}, "action_dim": 2}) as (_, port):
-        with pytest.raises(EvalError, match=r"push_t seed \d+: .*expected shape \[3\]"):
+    # The sizes fit (checked before the first episode); the key the envs do not send is refused in the episode.
+    policy = {"observation": {"observation.state": [5], "observation/extra": [2]}, "action_dim": 2}
+    with random_server(policy=policy) as (_, port):
+        with pytest.raises(EvalError, match=r"push_t seed \d+: .*missing \['observation/extra'\]"):
             _run(f"ws://127.0.0.1:{port}", tmp_path, vector="async")

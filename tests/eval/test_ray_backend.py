@@ -79,6 +79,7 @@ def test_ray_resumes_with_only_the_missing_episodes(cluster, server, local_run, 
     for e in kept:
         e["wall_s"] = -1.0  # a rerun of these episodes would write its own wall time (or fail as a duplicate)
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    (tmp_path / "run.json").write_bytes((local_run / "run.json").read_bytes())  # the same evaluation
     summary = run_eval(_config(server, tmp_path, backend="ray", ray={"episodes_per_runner": 3}), progress=False)
     episodes = read_results(tmp_path / "results.jsonl")
     assert episodes[:2] == kept and all(e["wall_s"] >= 0 for e in episodes[2:])
@@ -117,8 +118,10 @@ def test_a_crashed_worker_runs_its_episodes_again(cluster, server, local_run, tm
 
 @pytest.mark.slow
 def test_an_episode_error_on_a_runner_names_its_task_and_seed(cluster, tmp_path):
-    with random_server(policy={"observation": {"observation.state": [3]}, "action_dim": 2}) as (_, port):
-        with pytest.raises(EvalError, match=r"push_t seed \d+: .*expected shape \[3\]"):
+    # The sizes fit (checked before the first episode); the key the envs do not send is refused in the episode.
+    policy = {"observation": {**STATE, "observation/extra": [2]}, "action_dim": 2}
+    with random_server(policy=policy) as (_, port):
+        with pytest.raises(EvalError, match=r"push_t seed \d+: .*missing \['observation/extra'\]"):
             run_eval(_config(f"ws://127.0.0.1:{port}", tmp_path, backend="ray", ray={"episodes_per_runner": 5}),
                      progress=False)
 

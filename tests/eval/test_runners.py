@@ -106,3 +106,15 @@ def test_pusht_runner_observes_as_recorded_and_steps_async():
     finally:
         vec.close()
         recorded.close()
+
+
+@pytest.mark.parametrize("benchmark", ["metaworld", "pusht", "fetch"])
+def test_sizes_known_before_an_env_are_the_envs(benchmark):
+    """What ``longboat eval`` checks the policy against before the first episode is what the envs give and take."""
+    runner = make_runner(benchmark, ObservationSpec(wire_keys={}))
+    for task in runner.tasks()[:3]:
+        env = make_env(f"{benchmark}:{task}")
+        try:
+            assert runner.sizes(task) == (env.state_dim, env.action_dim), task
+        finally:
+            env.close()

@@ -1,6 +1,8 @@
 """The server against the real ``openpi-client``: metadata, actions, seeds, timings, batching, and errors that
 stay with the client that caused them."""
 
+import re
+import socket
 import threading
 import urllib.request
 
@@ -12,6 +14,8 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
+from longboat.eval.random_policy import RandomPolicy, RandomPolicyConfig
+from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
 from tests.eval.conftest import SMALL, random_server, small_obs
 
 
@@ -111,3 +115,75 @@ def test_bad_requests_get_errors_while_others_are_served():
             good.infer({"wrong": np.zeros(2)})
         # every bad frame but the oversize one (refused unread by the websocket layer), and the last request
         assert server.stats.errors == len(cases)
+
+
+class _BrokenPolicy(RandomPolicy):
+    """A policy whose forward pass fails on a state that starts with 99, as a bug in a real policy would."""
+
+    def infer(self, observations, seeds):
+        if any(o["observation/state"][0] == 99 for o in observations):
+            raise RuntimeError("shape mismatch in /srv/secret/model.py line 12")
+        return super().infer(observations, seeds)
+
+
+def test_a_policy_failure_tells_the_client_an_error_id_and_logs_the_traceback(caplog):
+    policy = _BrokenPolicy(RandomPolicyConfig(observation=SMALL))
+    server = PolicyServer(policy, ServerConfig(port=0, batch_window_ms=0))
+    with caplog.at_level("ERROR", logger="longboat.serve"), serving_in_thread(server) as port:
+        broken = {**small_obs(), "observation/state": np.full(8, 99, np.float32)}
+        reply = _refused(port, msgpack_numpy.packb(broken))
+        good = WebsocketClientPolicy("127.0.0.1", port)
+        for i in range(20):
+            good.infer({**small_obs(i), "seed": i})
+    assert "Traceback" not in reply and "/srv/secret" not in reply and "RuntimeError" not in reply
+    error_id = re.search(r"error id ([0-9a-f]+)", reply)[1]
+    logged = [r.getMessage() for r in caplog.records if error_id in r.getMessage()]
+    assert len(logged) == 1 and "Traceback" in logged[0] and "/srv/secret/model.py" in logged[0]
+    # one entry per batch size, not per forward pass, however long the server runs
+    assert server.stats.batch_sizes == {1: 20} and server.stats.forward_passes == 20
+
+
+def test_observations_are_checked_against_the_policy_before_a_batch(served, tmp_path):
+    server, port = served
+    nan_state = np.full(8, np.nan, np.float32)
+    cases = {
+        "'observation/state': expected finite numbers": {**small_obs(), "observation/state": nan_state},
+        "'observation/image': expected finite numbers": {**small_obs(), "observation/image":
+                                                         np.full((32, 32, 3), np.inf, np.float32)},
+        "3 NaN, infinite or too large of 8": {**small_obs(), "observation/state":
+                                              np.array([1e300, -1e300, np.nan, 0, 0, 0, 0, 0])},
+        "'prompt': expected a string, got int": {**small_obs(), "prompt": 3},
+        "'observation/state': expected a numeric array, got str": {**small_obs(), "observation/state": "8 zeros"},
+        "'observation/image': expected a numeric array, got dtype bool": {
+            **small_obs(), "observation/image": np.zeros((32, 32, 3), bool)},
+    }
+    for match, obs in cases.items():
+        assert match in _refused(port, msgpack_numpy.packb(obs))
+    assert server.stats.forward_passes == 0  # none reached the policy
+    # an export checks the same way
+    from longboat.eval.served import RequestError
+    from longboat.recipes.serve import open_served_policy
+    from tests.eval.conftest import mlp_export
+
+    export = open_served_policy(mlp_export(tmp_path / "export", state_dim=8))
+    with pytest.raises(RequestError, match="'observation.state': expected finite numbers"):
+        export.check({"observation.state": nan_state})
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--host", "no.such.host.invalid"], 2, "--host no.such.host.invalid: cannot resolve"),
+    (["--host", "192.0.2.1"], 2, "--host 192.0.2.1: not an address of this machine"),  # TEST-NET-1: nobody's
+    (["--device", "foo"], 2, "--device foo: not a device to serve on"),
+    (["--device", "cuda:99"], 2, "--device cuda:99: this machine has"),
+    (["--port", "BUSY"], 1, "already in use on 127.0.0.1"),
+])
+def test_serve_bad_input_is_one_error_line(args, code, message, capsys):
+    from longboat.cli.main import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        args = [str(busy.getsockname()[1]) if a == "BUSY" else a for a in args]
+        assert main(["serve", "--random-policy", *args]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err, err

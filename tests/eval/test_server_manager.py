@@ -39,8 +39,41 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
     log = tmp_path / "serve.log"
     manager = ServerManager(["/nonexistent/export"], log)
     start = time.monotonic()
-    with pytest.raises(ServerStartError, match="exited with status 2"):
+    with pytest.raises(ServerStartError, match=r"exited with status 2 before it answered \(/nonexistent/export: not a "
+                                               r"policy export"):  # the server's own error line
         manager.start()
     assert time.monotonic() - start < 60
     assert "no such export" in log.read_text() or "not a policy export" in log.read_text()
     manager.stop()
+
+
+def test_a_host_that_does_not_resolve_is_refused_before_a_server_starts(tmp_path):
+    from longboat.config.base import ConfigError
+
+    with pytest.raises(ConfigError, match="--host no.such.host.invalid: cannot resolve"):
+        ServerManager(["--random-policy", SPEC], tmp_path / "serve.log", host="no.such.host.invalid")
+    assert not (tmp_path / "serve.log").exists()
+
+
+@pytest.mark.slow
+def test_serve_stops_gracefully_when_its_stdin_ends(tmp_path):
+    """What ends a managed server when its manager's process dies: the pipe to its stdin closes."""
+    import subprocess
+    import sys
+
+    from longboat.eval.server_manager import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "longboat", "serve", "--random-policy", SPEC, "--port", str(port),
+                             "--exit-with-stdin"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        client = PolicyClient(port=port, connect_timeout_s=120)  # waits for the server to come up
+        assert client.infer(small_obs())["actions"].shape == (10, 7)
+        proc.stdin.close()
+        proc.wait(30)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert "the process that started this server has ended; stopping" in err and "stopped after 1 requests" in err

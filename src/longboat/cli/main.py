@@ -182,8 +182,9 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     from longboat.config.base import ConfigError, validate
+    from longboat.eval.addresses import check_host
     from longboat.eval.server import ServerConfig
-    from longboat.recipes.serve import open_served_policy, random_policy, serve, set_cpu_threads
+    from longboat.recipes.serve import open_served_policy, random_policy, resolve_device, serve, set_cpu_threads
 
     if (args.path is None) == (args.random_policy is None):
         raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")
@@ -191,17 +192,12 @@ def _serve(args: argparse.Namespace) -> int:
               "max_batch": args.max_batch, "max_message_bytes": args.max_message_bytes,
               "api_key": os.environ.get("LONGBOAT_API_KEY") or None}
     cfg = validate(ServerConfig, fields, "serve")
+    check_host(cfg.host)
+    device = resolve_device(args.device)
     set_cpu_threads(args.threads)
-    device = args.device or ("cuda" if _cuda() else "cpu")
     policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
-    serve(policy, cfg, verbose=args.verbose)
+    serve(policy, cfg, verbose=args.verbose, exit_with_stdin=args.exit_with_stdin)
     return 0
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -349,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default: all but one core, which is left to the event loop)")
     p.add_argument("--verbose", action="store_true",
                    help="also log each connection opened and closed and each health check (websockets' INFO lines)")
+    p.add_argument("--exit-with-stdin", action="store_true",
+                   help="stop gracefully when stdin reaches its end: a process that starts the server and holds the "
+                        "pipe to its stdin ends it by ending, however it ends")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("models", help="list the model presets")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from longboat.config.base import ConfigError, StrictModel, load_yaml, validate
+
+MAX_EPISODE_SEED = 1 << 32  # keeps request seeds (episode seed * 1_000_003 + step) well within the protocol's 2**63
 
 
 class ObservationConfig(StrictModel):
@@ -55,8 +57,9 @@ class EvalConfig(StrictModel):
     benchmark: str = Field(description="runner name: metaworld, fetch, pusht, a LIBERO suite (libero_spatial, ...)")
     tasks: list[str] = Field(min_length=1)
     episodes: int = Field(default=10, gt=0, description="episodes per task (seeds seed, seed+1, ...)")
-    seed: int = Field(default=0, ge=0)
-    seeds: list[int] | None = Field(default=None, description="explicit episode seeds (overrides episodes/seed)")
+    seed: int = Field(default=0, ge=0, lt=MAX_EPISODE_SEED)
+    seeds: list[Annotated[int, Field(ge=0, lt=MAX_EPISODE_SEED)]] | None = Field(
+        default=None, description="explicit episode seeds (overrides episodes/seed)")
     policy: str = Field(description="an export or run directory (served by a managed server), or ws://host:port")
     serve: ServeConfig = Field(default_factory=ServeConfig)
     observation: ObservationConfig | None = None
@@ -81,6 +84,8 @@ class EvalConfig(StrictModel):
             raise ValueError(f"tasks name a task twice: {self.tasks}")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds name a seed twice: {self.seeds}")
+        if self.seeds is None and self.seed + self.episodes > MAX_EPISODE_SEED:
+            raise ValueError(f"seed + episodes must stay below 2**32, got {self.seed} + {self.episodes}")
         return self
 
     @property

@@ -20,11 +20,13 @@ from pathlib import Path
 from longboat.config.base import ConfigError
 from longboat.data.robot.record.progress import RecordProgress
 from longboat.data.robot.record.recorder import DEFAULT_CAMERA_KEY
+from longboat.errors import WorldError
 from longboat.eval.config import EvalConfig
 from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_client, run_episodes,
                                    vector_mode)
-from longboat.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, summarize, write_summary
-from longboat.eval.runners import ObservationSpec, make_runner
+from longboat.eval.results import (RESULTS_FILE, RUN_FILE, ResultsFile, read_results, summarize, write_json,
+                                   write_summary)
+from longboat.eval.runners import ObservationSpec, Runner, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
 from longboat.utils.interrupt import ctrl_c_sets
 
@@ -83,16 +85,61 @@ def policy_info(cfg: EvalConfig) -> PolicyInfo:
                       list(manifest.get("tasks", [])))
 
 
+def _make_output_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {out}: is a file; expected a directory (new, or an evaluation's to resume)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a parent is a file
+        raise ConfigError(f"output_dir {out}: a parent of it is a file, not a directory") from None
+    except OSError as e:
+        raise WorldError(f"output_dir {out}: cannot create it ({e.strerror or e})") from None
+
+
 def _check_run(out: Path, cfg: EvalConfig) -> None:
-    """A resumed run must be the same evaluation: the episodes already written would mean something else."""
+    """A resumed run must be the same evaluation: the episodes already written would mean something else. Results
+    without the run file that says what they are are not counted either."""
     path, identity = out / RUN_FILE, cfg.identity()
+    start_over = f"delete {out / RESULTS_FILE} (and {path.name}) to start over, or use another output_dir"
     if path.exists():
-        saved = json.loads(path.read_text())
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise EvalError(f"{path}: not a run file ({e}); {start_over}") from None
+        if not isinstance(saved, dict):
+            raise EvalError(f"{path}: not a run file (expected an object, got {type(saved).__name__}); {start_over}")
         changed = sorted(k for k in identity if saved.get(k) != identity[k])
         if changed:
             raise EvalError(f"{out}: holds a run with different {', '.join(changed)}; use another output_dir")
-    else:
-        path.write_text(json.dumps(identity, indent=2) + "\n")
+        return
+    results = out / RESULTS_FILE
+    if results.exists() and read_results(results):
+        raise EvalError(f"{results}: holds episodes but {path} is missing, so which evaluation wrote them is not "
+                        f"known and they are not counted; {start_over}")
+    write_json(path, identity)
+
+
+def _check_sizes(cfg: EvalConfig, runner: Runner, spec: ObservationSpec, meta: dict) -> None:
+    """The policy's action and state sizes (its metadata, the export's manifest) against the benchmark's, before
+    the first episode. A wider action is allowed: a policy trained on several simulators pads its actions to the
+    widest, and each env takes its own leading dimensions."""
+    action_dim = meta.get("action_dim")
+    state_key = next((w for w, f in spec.wire_keys.items() if f == STATE_FEATURE), None)
+    shape = (meta.get("observation_shapes") or {}).get(state_key)
+    reads = int(shape[-1]) if isinstance(shape, list) and shape else None
+    for task in cfg.tasks:
+        sim_state, sim_action = runner.sizes(task)
+        where = f"{cfg.benchmark} {task}"
+        if isinstance(action_dim, int) and sim_action and action_dim < sim_action:
+            raise EvalError(f"the policy's actions have {action_dim} values, {where} takes {sim_action}: the policy "
+                            f"was not trained for this benchmark")
+        if sim_state and spec.state_dim and spec.state_dim < sim_state:
+            raise EvalError(f"the policy reads a state of {spec.state_dim} values, {where} gives {sim_state}: the "
+                            f"policy was not trained for this benchmark")
+        sent = spec.state_dim or sim_state  # what the envs will send: zero-padded to state_dim when it is set
+        if reads and sent and reads != sent:
+            hint = f"; set observation.state_dim: {reads} to zero-pad it" if reads > sent else ""
+            raise EvalError(f"the policy reads a state of {reads} values, {where} gives {sent}{hint}")
 
 
 def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
@@ -110,7 +157,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
         from longboat.eval.ray_backend import import_ray
 
         import_ray()  # missing Ray fails here, before a server starts
-    out.mkdir(parents=True, exist_ok=True)
+    _make_output_dir(out)
     _check_run(out, cfg)
     results, summary_timing = ResultsFile(out / RESULTS_FILE), None
     interrupted = threading.Event()
@@ -127,6 +174,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                 clients = [stack.enter_context(policy_client(cfg, url))
                            for _ in range(cfg.num_envs if cfg.backend == "local" else 1)]
                 meta = clients[0].metadata
+                _check_sizes(cfg, runner, info.spec, meta)
                 horizon = int(meta.get("horizon") or info.horizon or 1)
                 replan = min(cfg.replan_steps or horizon, horizon)
                 n_obs = int(meta.get("n_obs_steps") or info.n_obs_steps)

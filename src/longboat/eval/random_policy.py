@@ -18,7 +18,7 @@ from pydantic import Field
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel, validate, yaml_problem
-from longboat.eval.served import RequestError, array_of, check_keys, image_tensor, vector_tensor
+from longboat.eval.served import RequestError, check_keys, checked_array, image_tensor, prompt_of, vector_tensor
 
 LIBERO_LIKE = {"observation/image": [224, 224, 3], "observation/wrist_image": [224, 224, 3], "observation/state": [8]}
 
@@ -82,9 +82,10 @@ class RandomPolicy:
     def check(self, obs: dict) -> None:
         check_keys(obs, self.cfg.observation)
         for key, shape in self.cfg.observation.items():
-            x = array_of(obs, key, "uf" if len(shape) == 3 else "buif")
+            x = checked_array(obs, key, "uf" if len(shape) == 3 else "buif")
             if list(x.shape) != shape and not (len(shape) == 3 and list(x.shape) == [shape[2], *shape[:2]]):
                 raise RequestError(f"'{key}': expected shape {shape}, got {list(x.shape)}")
+        prompt_of(obs)
 
     def _features(self, obs: dict) -> torch.Tensor:
         parts = []

@@ -51,13 +51,32 @@ def read_results(path: Path, repair: bool = False) -> list[dict]:
     episodes = []
     for number, line in enumerate(complete, 1):
         try:
-            episodes.append(json.loads(line))
+            episode = json.loads(line)
         except ValueError:
             raise ConfigError(f"{path}:{number}: not a JSON line; is this a results file?") from None
+        problem = _not_an_episode(episode)
+        if problem:
+            raise ConfigError(f"{path}:{number}: not an episode ({problem}); is this a results file?")
+        episodes.append(episode)
     if tail and repair:
         with open(path, "r+b") as f:
             f.truncate(len(data) - len(tail))
     return episodes
+
+
+# What summaries, reports and resuming read of an episode line, with the types they read it as.
+_EPISODE_FIELDS = {"task": (str,), "seed": (int,), "success": (bool,), "reward": (int, float), "length": (int,),
+                   "latency_ms": (list,)}
+
+
+def _not_an_episode(episode) -> str | None:
+    if not isinstance(episode, dict):
+        return f"expected an object, got {type(episode).__name__}"
+    for key, types in _EPISODE_FIELDS.items():
+        value = episode.get(key)
+        if value is None or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"'{key}': expected {' or '.join(t.__name__ for t in types)}, got {json.dumps(value)[:40]}"
+    return None
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -90,8 +109,12 @@ def summarize(episodes: list[dict], tasks: list[str] | None = None) -> dict:
 
 
 def write_summary(directory: Path, summary: dict) -> Path:
-    path = directory / SUMMARY_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    return write_json(directory / SUMMARY_FILE, summary)
+
+
+def write_json(path: Path, data: dict) -> Path:
+    """``path`` whole or not at all: written beside it, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
     return path

@@ -56,6 +56,20 @@ def array_of(obs: dict, key: str, kinds: str = "buif") -> np.ndarray:
     return value
 
 
+def checked_array(obs: dict, key: str, kinds: str = "buif") -> np.ndarray:
+    """``array_of`` for a request's check: also refuses NaN, infinite and float32-overflowing values, which a policy
+    would answer with NaN actions. Vectorised over the array."""
+    x = array_of(obs, key, kinds)
+    if x.dtype.kind == "f":
+        ok = np.isfinite(x)
+        if x.dtype.itemsize > 4:  # the policy reads float32: a larger value would become infinite
+            ok &= np.abs(x) <= np.finfo(np.float32).max
+        if not ok.all():
+            raise RequestError(f"'{key}': expected finite numbers within float32's range, got "
+                               f"{x.size - int(np.count_nonzero(ok))} NaN, infinite or too large of {x.size}")
+    return x
+
+
 def image_tensor(obs: dict, key: str, channels: int | None = None) -> torch.Tensor:
     """A wire image, channel-last [..., H, W, C] as openpi clients send it (or channel-first [..., C, H, W] where
     the shape says so), uint8 or float in [0, 1], as float32 [..., C, H, W] in [0, 1]."""

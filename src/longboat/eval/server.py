@@ -1,9 +1,11 @@
 """``PolicyServer``: the openpi websocket protocol (FORMATS.md §3), with batching off the event loop.
 
 Per connection: the metadata frame first, then request/response; a request that fails (malformed msgpack, a text
-frame, wrong keys, a bad seed, an exception in the policy) is answered with a text frame (the error, or the
-traceback) and a close with code 1011, as openpi does; an oversize frame is refused before it is read (close code
-1009, the limit in the reason). Other connections are not affected. ``GET /healthz`` answers 200.
+frame, wrong keys, a bad seed, an exception in the policy) is answered with a text frame and a close with code 1011,
+as openpi does: a bad request's message, or for a failure of the policy or server a short message with an error id
+under which the traceback is logged (the client never sees the server's traceback); an oversize frame is refused
+before it is read (close code 1009, the limit in the reason). Other connections are not affected. ``GET /healthz``
+answers 200.
 
 Requests from all connections meet in one queue, read by one worker thread: it takes the first, waits up to
 ``batch_window_ms`` for more (``max_batch`` at most, and never for more requests than there are connected clients,
@@ -17,14 +19,16 @@ import asyncio
 import hmac
 import http
 import logging
+import os
 import queue
 import secrets
 import threading
 import time
 import traceback
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from pydantic import Field
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -33,6 +37,7 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from longboat.config.base import StrictModel
+from longboat.eval.addresses import bind_error
 from longboat.eval.protocol import HEALTH_PATH, SEED_KEY, Packer, ProtocolError, unpackb
 from longboat.eval.served import MAX_SEED, RequestError, ServedPolicy, seed_of, to_numpy
 
@@ -60,7 +65,7 @@ class ServerStats:
     forward_passes: int = 0
     requests: int = 0
     errors: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: Counter[int] = field(default_factory=Counter)  # size -> forward passes: bounded by max_batch
 
 
 class PolicyServer:
@@ -77,11 +82,15 @@ class PolicyServer:
                                   daemon=True)
         worker.start()
         try:
-            async with serve(self._handle, self.cfg.host, self.cfg.port, compression=None,
-                             max_size=self.cfg.max_message_bytes, process_request=self._process_request) as server:
+            try:
+                listening = await serve(self._handle, self.cfg.host, self.cfg.port, compression=None,
+                                        max_size=self.cfg.max_message_bytes, process_request=self._process_request)
+            except OSError as e:
+                raise bind_error(self.cfg.host, self.cfg.port, e) from None
+            async with listening as server:
                 port = _bound_port(server)
-                log.info("serving on ws://%s:%d (batch window %g ms, max batch %d)", self.cfg.host, port,
-                         self.cfg.batch_window_ms, self.cfg.max_batch)
+                log.info("serving on ws://%s:%d (pid %d, batch window %g ms, max batch %d)", self.cfg.host, port,
+                         os.getpid(), self.cfg.batch_window_ms, self.cfg.max_batch)
                 if ready is not None:
                     ready.set_result(port)
                 await (stop.wait() if stop is not None else asyncio.Future())
@@ -109,10 +118,7 @@ class PolicyServer:
                     result = await self._answer(message)
                 except Exception as e:  # this client's error: tell it, close its connection, serve the others
                     self.stats.errors += 1
-                    text = str(e) if isinstance(e, (ProtocolError, RequestError)) else traceback.format_exc()
-                    log.warning("request from %s failed: %s", ws.remote_address, text.strip().splitlines()[-1])
-                    await ws.send(f"{type(e).__name__}: {text}" if isinstance(e, (ProtocolError, RequestError))
-                                  else text)
+                    await ws.send(_client_message(e, ws.remote_address))
                     await ws.close(CloseCode.INTERNAL_ERROR, "request failed; see the text frame")
                     return
                 result["server_timing"] = {"infer_ms": (time.monotonic() - start) * 1000}
@@ -179,13 +185,15 @@ class PolicyServer:
         infer_ms = (time.perf_counter() - start) * 1000
         self.stats.forward_passes += 1
         self.stats.requests += len(observations)
-        self.stats.batch_sizes.append(len(observations))
+        self.stats.batch_sizes[len(observations)] += 1
         if len(results) != len(observations):
             raise RuntimeError(f"the policy returned {len(results)} results for {len(observations)} observations")
         return [(r, infer_ms) for r in results]
 
-    def run(self) -> None:
-        """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
+    def run(self, stop_on_eof: BinaryIO | None = None) -> None:
+        """Serve in the foreground until interrupted (Ctrl-C or SIGTERM) or, given ``stop_on_eof``, until that
+        stream ends: a process that starts the server holds the write end of its stdin, so the server stops when that
+        process dies, however it died (SIGKILL included)."""
         import signal
 
         async def main():
@@ -193,6 +201,9 @@ class PolicyServer:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
+            if stop_on_eof is not None:
+                threading.Thread(target=_wait_for_eof, args=(stop_on_eof, loop, stop), name="longboat-stdin",
+                                 daemon=True).start()
             await self.serve(stop=stop)
             log.info("stopped after %d requests in %d forward passes", self.stats.requests, self.stats.forward_passes)
 
@@ -230,6 +241,34 @@ def serving_in_thread(server: PolicyServer, timeout: float = 30.0) -> Iterator[i
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout)
         loop.close()
+
+
+def _wait_for_eof(stream: BinaryIO, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """In a thread: read ``stream`` to its end, then stop the server (its parent closed the pipe or died)."""
+    try:
+        while stream.read(4096):
+            pass
+    except (OSError, ValueError):  # closed under us: the same as its end
+        pass
+    log.info("stdin closed: the process that started this server has ended; stopping")
+    try:
+        loop.call_soon_threadsafe(stop.set)
+    except RuntimeError:  # the loop has already closed
+        pass
+
+
+def _client_message(e: Exception, remote) -> str:
+    """What the client is told of its failed request: a bad request's own message; for a failure of the server or
+    the policy, a short message and an id under which the traceback is logged here (the client does not get to read
+    the server's code, paths or state)."""
+    if isinstance(e, (ProtocolError, RequestError)):
+        log.warning("request from %s refused: %s", remote, e)
+        return f"{type(e).__name__}: {e}"
+    error_id = secrets.token_hex(6)
+    log.error("request from %s failed (error id %s):\n%s", remote, error_id,
+              "".join(traceback.format_exception(e)).rstrip())
+    return f"internal server error (error id {error_id}): the request could not be answered; the server's log " \
+           f"has the details under this id"
 
 
 def _settle(batch: list[_Pending], outcomes: list) -> None:

@@ -2,8 +2,10 @@
 
 The child runs in its own process group (a signal meant for it reaches whatever it started, and a Ctrl-C meant for
 the evaluation does not kill it mid-request), writes to a log file, and counts as started when ``GET /healthz``
-answers. A watchdog restarts it when it dies or stops answering; ``stop`` sends SIGTERM to the group, then SIGKILL
-after a grace period. Clients reconnect on their own (``PolicyClient``), so a restart costs them a retry.
+answers. The child stops when this process ends, however it ends (SIGKILL included): this process holds the pipe
+to its stdin, whose end stops the server (``--exit-with-stdin``). A watchdog restarts it when it dies or stops
+answering; ``stop`` sends SIGTERM to the group, then SIGKILL after a grace period. Clients reconnect on their own
+(``PolicyClient``), so a restart costs them a retry.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from longboat.errors import LongboatError
+from longboat.eval.addresses import bind_error
 from longboat.eval.protocol import HEALTH_PATH
 
 log = logging.getLogger("longboat.serve")
@@ -33,7 +36,10 @@ class ServerStartError(LongboatError, RuntimeError):
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, for a server that must keep its port across restarts."""
     with socket.socket() as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as e:
+            raise bind_error(host, 0, e) from None
         return s.getsockname()[1]
 
 
@@ -78,17 +84,20 @@ class ServerManager:
     def _launch(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "longboat", "serve", *self.serve_args, "--host", self.host,
-               "--port", str(self.port)]
+               "--port", str(self.port), "--exit-with-stdin"]
         with open(self.log_file, "ab") as out:
             out.write(f"\n[manager] {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
             out.flush()
-            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # This process holds the write end of the child's stdin and never writes to it: when this process ends,
+            # however it ends, the pipe closes and the child stops (--exit-with-stdin).
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                           env=self.env, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                _close_stdin(self._proc)
                 raise ServerStartError(f"longboat serve exited with status {self._proc.returncode} before it "
-                                       f"answered; see {self.log_file}")
+                                       f"answered{_its_error(self.log_file)}; see {self.log_file}")
             if self.healthy(timeout=1.0):
                 log.info("policy server up on %s:%d (pid %d)", self.host, self.port, self._proc.pid)
                 return
@@ -125,17 +134,19 @@ class ServerManager:
         """SIGTERM to the child's process group, SIGKILL after the grace period."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
+            _close_stdin(proc)
             return
         for sig, wait in ((signal.SIGTERM, self.stop_grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
-                return
+                break
             try:
                 proc.wait(wait)
-                return
+                break
             except subprocess.TimeoutExpired:
                 continue
+        _close_stdin(proc)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -151,3 +162,21 @@ class ServerManager:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _its_error(log_file: Path) -> str:
+    """The server's own ``error:`` line in its log, if it ended with one."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()[-20:]
+    except OSError:
+        return ""
+    said = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return f" ({said[-1]})" if said else ""
+
+
+def _close_stdin(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass

@@ -56,6 +56,11 @@ class Runner(ABC):
     def env_fn(self, task: str, spec: ObservationSpec) -> Callable[[], object]:
         """A picklable factory of one ``gymnasium.Env`` of ``task`` (run in a worker process for async envs)."""
 
+    def sizes(self, task: str) -> tuple[int | None, int | None]:
+        """The (state, action) sizes ``task``'s simulator gives and takes, known without building an env; None where
+        not (then only the episodes find out)."""
+        return None, None
+
     def renders(self) -> bool:
         """Whether stepping renders images (then async envs, one process each, pay off)."""
         return bool(self.spec.cameras)

@@ -155,6 +155,9 @@ class LiberoRunner(Runner):
     def tasks(self) -> list[str]:
         return _suite(self.name).get_task_names()
 
+    def sizes(self, task: str) -> tuple[int | None, int | None]:
+        return STATE_DIM, ACTION_DIM
+
     def env_fn(self, task: str, spec: ObservationSpec):
         return partial(_libero_task_env, self.name, task, spec)
 

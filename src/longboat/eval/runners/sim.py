@@ -76,6 +76,10 @@ class SimRunner(Runner):
     def tasks(self) -> list[str]:
         return SIMULATORS[self.name].tasks()
 
+    def sizes(self, task: str) -> tuple[int | None, int | None]:
+        sim = SIMULATORS[self.name].make  # the SimEnv class: a size it sets per task (Fetch's state) is unknown here
+        return getattr(sim, "state_dim", None), getattr(sim, "action_dim", None)
+
     def env_fn(self, task: str, spec: ObservationSpec):
         return partial(_sim_task_env, f"{self.name}:{task}", spec, self.action_bounds)
 
@@ -102,6 +106,11 @@ class FetchRunner(SimRunner):
     """gymnasium-robotics Fetch: ``reach``, ``push``, ``pick_and_place``."""
 
     simulator_modules = ("gymnasium_robotics",)
+    # FetchEnv learns its state size from a first reset: observation + desired goal, per task
+    state_dims = {"reach": 13, "push": 28, "pick_and_place": 28}
+
+    def sizes(self, task: str) -> tuple[int | None, int | None]:
+        return self.state_dims.get(task), super().sizes(task)[1]
 
 
 @register_runner("pusht")
