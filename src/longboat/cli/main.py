@@ -352,9 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     except LongboatError as e:
         error(str(e))
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into utils.interrupt.Interrupted
         error("interrupted")
-        return 130
+        return 128 + getattr(e, "signum", 2)  # the shell's code for that signal
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
