@@ -194,17 +194,17 @@ def _swap_in(stage: Path, target: Path) -> None:
         os.replace(stage, target)  # over nothing or an empty directory
         return
     aside = _sibling(target, "old")
-    with signals_held():  # a stop signal between the renames would leave no target
+    with signals_held():  # a stop signal between the renames would leave no target, or the old one aside
         os.rename(target, aside)
         try:
             os.rename(stage, target)
         except BaseException:
             os.rename(aside, target)
             raise
-    if aside.is_dir() and not aside.is_symlink():
-        shutil.rmtree(aside)
-    else:
-        aside.unlink()
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside)
+        else:
+            aside.unlink()
 
 
 def _sibling(path: Path, kind: str) -> Path:

@@ -28,7 +28,7 @@ from longboat.utils.interrupt import Interrupted, signals_set, stop_signal
 from longboat.utils.outputs import check_output, check_place, staged_output
 
 DEFAULT_CAMERA_KEY = "main"  # when the environments' default cameras differ in name
-MAX_IMAGE_SIZE = 8192  # software GL (EGL, OSMesa) renders no larger here, and AV1 encodes no larger square frames
+MAX_IMAGE_SIZE = 8704  # SVT-AV1, the default video codec, encodes frames at most 8704 pixels high
 
 
 @dataclass
