@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,28 @@ def test_sigterm_while_a_file_is_written_leaves_the_old_one(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_a_process_forked_while_a_file_is_written_dies_of_sigterm(tmp_path):
+    """A process pool forked while an output is staged (tokenize's workers) is ended with SIGTERM: its workers
+    must die of it as before, not raise into their parent's cleanup."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with staged_file(tmp_path / "out.txt"):
+            ready, started = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.write(started, b"x")
+                    time.sleep(30)
+                finally:
+                    os._exit(0)
+            os.read(ready, 1)
+            os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
 
 
 def test_files_that_belong_together_are_swapped_in_together(tmp_path):

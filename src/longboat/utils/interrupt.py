@@ -56,20 +56,40 @@ def sigterm_raises() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`Interrupted` in this process, so ``finally`` and ``except``
     blocks remove what was half-written; where SIGTERM already has a handler (a trainer's, a server's) or is
     ignored, nothing changes. A process forked inside the block dies of SIGTERM as usual."""
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    global _sigterm_raises
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
-    owner = os.getpid()
 
     def raise_here(signum, _frame):
-        if os.getpid() != owner:  # a forked worker (a process pool's): end as if nothing were installed
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
         raise Interrupted(signum)
 
-    with _handlers(raise_here, (signal.SIGTERM,)):
+    previous = signal.signal(signal.SIGTERM, raise_here)
+    _sigterm_raises = True
+    try:
         yield
+    finally:
+        _sigterm_raises = False
+        signal.signal(signal.SIGTERM, previous)
+
+
+_sigterm_raises = False  # sigterm_raises is in effect in this process
+
+
+def _default_sigterm_in_child() -> None:
+    """A process forked inside :func:`sigterm_raises` (a process pool's worker) dies of SIGTERM as usual: its
+    parent's cleanup is not its own, and a pool ends its workers with SIGTERM."""
+    global _sigterm_raises
+    if _sigterm_raises:
+        _sigterm_raises = False
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # forked from a thread Python does not count as the main one
+            pass
+
+
+os.register_at_fork(after_in_child=_default_sigterm_in_child)
 
 
 @contextmanager
