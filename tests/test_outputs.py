@@ -1,7 +1,8 @@
 """``export`` and ``convert`` never delete what they should not: sources, runs, checkpoints, a user's files.
 
 Each case goes through the command line and checks that every file that was there is still there, byte for
-byte. ``longboat.utils.outputs`` is also tested directly: the swap, a crash mid-write, links and files.
+byte. ``longboat.utils.outputs`` is also tested directly: the swap, a crash or a stop signal mid-write, links,
+files and files that belong together.
 """
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from longboat.checkpoint.export import save_export
 from longboat.cli.main import main
-from longboat.utils.outputs import OutputError, check_output, staged_output
+from longboat.utils.interrupt import Interrupted
+from longboat.utils.outputs import (OutputError, OutputPlaceError, check_file_output, check_output, staged_file,
+                                    staged_files, staged_output)
 from tests.conftest import run_longboat, tiny_run_args
 
 
@@ -201,3 +206,88 @@ def test_training_rewrites_only_a_runs_own_exports_by_default(tmp_path):
         save_export(run / "export", weights, "decoder", {}, sources=[run / "export"])
     assert (tmp_path / "mine" / "f").read_text() == "x"
     no_leftovers(run)
+
+
+def test_a_file_is_replaced_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text("old")
+    with pytest.raises(OutputError, match="results.json already exists; pass --overwrite"):
+        with staged_file(target):
+            pytest.fail("a refused output is not staged")
+    for stop in (KeyboardInterrupt, RuntimeError):
+        with pytest.raises(stop), staged_file(target, overwrite=True) as stage:
+            assert stage.parent == tmp_path and stage.name.startswith(".results.json.") and stage.is_file()
+            stage.write_text("half")
+            raise stop
+        assert target.read_text() == "old" and os.listdir(tmp_path) == ["results.json"]
+    with staged_file(target, overwrite=True) as stage:
+        stage.write_text("new")
+    assert target.read_text() == "new" and os.listdir(tmp_path) == ["results.json"]
+    with pytest.raises(OutputError, match="is an input of this command"):
+        check_file_output(target, overwrite=True, sources=[tmp_path / "." / "results.json"])
+    with pytest.raises(OutputError, match="is a directory; expected the path of a file"):
+        check_file_output(tmp_path, overwrite=True)
+
+
+def test_sigterm_while_a_file_is_written_leaves_the_old_one(tmp_path):
+    """SIGTERM, which would end the process with its hidden sibling left behind, is raised like Ctrl-C."""
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a command; a test runner may have its own
+    try:
+        with pytest.raises(Interrupted) as stopped, staged_file(target, overwrite=True) as stage:
+            stage.write_text("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stopped.value.signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_a_process_forked_while_a_file_is_written_dies_of_sigterm(tmp_path):
+    """A process pool forked while an output is staged (tokenize's workers) is ended with SIGTERM: its workers
+    must die of it as before, not raise into their parent's cleanup."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with staged_file(tmp_path / "out.txt"):
+            ready, started = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.write(started, b"x")
+                    time.sleep(30)
+                finally:
+                    os._exit(0)
+            os.read(ready, 1)
+            os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+
+
+def test_files_that_belong_together_are_swapped_in_together(tmp_path):
+    """NAME.bin + NAME.idx: refused when either exists, and both are replaced only when both are complete."""
+    bin_, idx = tmp_path / "tokens.bin", tmp_path / "tokens.idx"
+    idx.write_text("old idx")
+    with pytest.raises(OutputError, match="tokens.idx already exists"):
+        with staged_files([bin_, idx]):
+            pytest.fail("a refused output is not staged")
+    with pytest.raises(KeyboardInterrupt), staged_files([bin_, idx], overwrite=True) as (b, i):
+        b.write_text("new bin")
+        raise KeyboardInterrupt  # before the index is complete
+    assert os.listdir(tmp_path) == ["tokens.idx"] and idx.read_text() == "old idx"
+    with staged_files([bin_, idx], overwrite=True) as (b, i):
+        b.write_text("new bin")
+        i.write_text("new idx")
+        assert not bin_.exists()
+    assert sorted(os.listdir(tmp_path)) == ["tokens.bin", "tokens.idx"] and idx.read_text() == "new idx"
+
+
+def test_a_place_the_os_refuses_is_a_world_error(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    for stage in (staged_file(tmp_path / "file" / "out.json"), staged_output(tmp_path / "file" / "sub" / "out")):
+        with pytest.raises(OutputPlaceError, match=rf"cannot write here \({tmp_path / 'file'} is a file"):
+            with stage:
+                pytest.fail("nothing is staged where the OS refuses")
+    assert OutputPlaceError.exit_code == 1 and os.listdir(tmp_path) == ["file"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import re
+import shutil
 import sysconfig
 from pathlib import Path
 
@@ -238,3 +240,64 @@ def test_no_text_fails_and_writes_nothing(tmp_path, tok_dir, capsys, content):
     assert f"error: no text to tokenize in {src}" in err and "nothing was written" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
+
+
+# Outputs follow the export rule: an existing one is kept without --overwrite, an input is never written over.
+
+
+def _cli(*argv: str) -> int:
+    from longboat.cli.main import main
+
+    return main(["data", *argv])
+
+
+def _one_error(capsys, code: int, *fragments: str) -> None:
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_tokenize_keeps_an_existing_token_file_pair(tmp_path, tok_dir, capsys):
+    src = _write_jsonl(tmp_path / "in.jsonl", ["one", "two"])
+    out = tmp_path / "out"
+    tokenize = ["tokenize", "--input", str(src), "--tokenizer", str(tok_dir), "--workers", "1"]
+    assert _cli(*tokenize, "--output-prefix", str(out)) in (0, None)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("out.*")}
+    src.write_text(json.dumps({"text": "three"}) + "\n")
+    _one_error(capsys, _cli(*tokenize, "--output-prefix", str(out)), f"{out}.bin already exists; pass --overwrite")
+    (tmp_path / "out.bin").unlink()  # either file of the pair is enough to refuse
+    _one_error(capsys, _cli(*tokenize, "--output-prefix", f"{out}.bin"), f"{out}.idx already exists")
+    assert not (tmp_path / "out.bin").exists() and (tmp_path / "out.idx").read_bytes() == before["out.idx"]
+    assert _cli(*tokenize, "--output-prefix", str(out), "--overwrite", "--no-eod") in (0, None)
+    assert _documents(out) == _expected(tok_dir, ["three"], eod=False)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.bin", "out.idx"]  # no hidden sibling left
+
+
+def test_tokenize_never_writes_over_its_input_or_into_a_directory_prefix(tmp_path, tok_dir, capsys):
+    src = tmp_path / "notes.idx"  # a plain text file that happens to end in .idx
+    src.write_text("mine\n")
+    _one_error(capsys, _cli("tokenize", "--input", str(src), "--tokenizer", str(tok_dir), "--workers", "1",
+                            "--output-prefix", str(tmp_path / "notes"), "--overwrite"),
+               f"{src}: is an input of this command")
+    assert src.read_text() == "mine\n"
+    _one_error(capsys, _cli("tokenize", "--input", str(src), "--tokenizer", str(tok_dir),
+                            "--output-prefix", f"{tmp_path}/"),
+               "names a directory; give a file name prefix such as", f"{tmp_path}/corpus_text_document.bin")
+    assert os.listdir(tmp_path) == ["notes.idx"]
+
+
+def test_train_tokenizer_keeps_an_existing_tokenizer(tmp_path, tok_dir, capsys):
+    out = tmp_path / "tok"
+    shutil.copytree(tok_dir, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    train = ["train-tokenizer", "--input", str(STDLIB / "textwrap.py"), "--vocab-size", "300", "--output", str(out)]
+    _one_error(capsys, _cli(*train), f"{out} already exists and is not empty; pass --overwrite")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _cli(*train, "--overwrite") in (0, None)
+    assert Tokenizer(out).vocab_size == 300 and sorted(os.listdir(tmp_path)) == ["tok"]
+    (out / "corpus.txt").write_text((STDLIB / "textwrap.py").read_text())
+    _one_error(capsys, _cli("train-tokenizer", "--input", str(out / "corpus.txt"), "--vocab-size", "300",
+                            "--output", str(out), "--overwrite"),
+               f"holds {out / 'corpus.txt'}, which this command reads")
+    assert (out / "corpus.txt").is_file() and Tokenizer(out).vocab_size == 300

@@ -4,6 +4,7 @@ exact-match answers equal transformers' greedy generate, batches change nothing,
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -185,3 +186,33 @@ def test_rows_longer_than_the_model_and_messages_without_chat(chat_export, tmp_p
     path = write_jsonl(tmp_path / "msgs.jsonl", EM_ROWS[6:7])
     assert main(["eval-lm", str(chat_export), "--data", path, "--no-chat"]) == 2
     assert "rows with 'messages' need the chat template" in capsys.readouterr().err
+
+
+
+def test_output_is_checked_before_the_model_is_read(tmp_path, capsys):
+    """An existing file, the data file itself or a directory as --output: one line, before the model (here a
+    path that does not exist) is looked at, and nothing is touched."""
+    data = write_jsonl(tmp_path / "qa.jsonl", EM_ROWS[:1])
+    before = (tmp_path / "qa.jsonl").read_text()
+    (tmp_path / "old.json").write_text("old")
+    (tmp_path / "dir").mkdir()
+    for output, extra, message in [
+        ("old.json", [], "old.json already exists; pass --overwrite to replace it"),
+        ("qa.jsonl", ["--overwrite"], "qa.jsonl: is an input of this command"),
+        ("dir", ["--overwrite"], "dir: is a directory; expected the path of a file to write"),
+    ]:
+        code = main(["eval-lm", str(tmp_path / "no-model"), "--data", data, "--output", str(tmp_path / output),
+                     *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith(f"error: {tmp_path}/{message}") and len(err.splitlines()) == 1, err
+    assert (tmp_path / "old.json").read_text() == "old" and (tmp_path / "qa.jsonl").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["dir", "old.json", "qa.jsonl"] and not os.listdir(tmp_path / "dir")
+
+
+def test_overwrite_replaces_an_output_file(chat_export, tmp_path):
+    data = write_jsonl(tmp_path / "qa.jsonl", EM_ROWS[:1])
+    out = tmp_path / "qa.json"
+    out.write_text("old")
+    assert main(["eval-lm", str(chat_export), "--data", data, "--max-new-tokens", "2", "--output", str(out),
+                 "--overwrite"]) == 0
+    assert json.loads(out.read_text())["n"] == 1 and sorted(os.listdir(tmp_path)) == ["qa.json", "qa.jsonl"]

@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tok.add_argument("--output-prefix", required=True, metavar="PREFIX", help="writes PREFIX.bin and PREFIX.idx")
     _add_text_options(tok)
     tok.add_argument("--no-eod", action="store_true", help="do not append the eos token to each document")
+    tok.add_argument("--overwrite", action="store_true", help="replace an existing PREFIX.bin/PREFIX.idx")
     tok.add_argument("--workers", type=int, default=None,
                      help="worker processes (default: one per CPU core; with 2 cores or fewer, 1 = encode "
                           "in this process, using the tokenizer's threads)")
@@ -38,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--output", required=True, metavar="DIR")
     train.add_argument("--min-frequency", type=int, default=2, help="least count for a merge (default 2)")
+    train.add_argument("--overwrite", action="store_true", help="replace a non-empty directory at --output")
     _add_text_options(train)
     train.set_defaults(func=_train_tokenizer)
 
@@ -89,6 +91,7 @@ def _tokenize(args: argparse.Namespace) -> None:
         append_eod=not args.no_eod,
         workers=args.workers,
         txt_mode=args.txt_mode,
+        overwrite=args.overwrite,
     )
 
 
@@ -100,6 +103,7 @@ def _train_tokenizer(args: argparse.Namespace) -> None:
         min_frequency=args.min_frequency,
         text_key=args.text_key,
         txt_mode=args.txt_mode,
+        overwrite=args.overwrite,
     )
 
 

@@ -109,7 +109,8 @@ def _eval_lm(args: argparse.Namespace) -> int:
     from longboat.config.base import validate
     from longboat.recipes.eval_lm import EvalLMConfig, run_eval_lm
 
-    fields = ("data", "kind", "batch_size", "limit", "max_new_tokens", "chat", "normalize", "delimiter", "output")
+    fields = ("data", "kind", "batch_size", "limit", "max_new_tokens", "chat", "normalize", "delimiter", "output",
+              "overwrite")
     cfg = validate(EvalLMConfig, {k: getattr(args, k) for k in fields}, "eval-lm")
     run_eval_lm(args.model, cfg)
     return 0
@@ -280,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delimiter", default=" ", help="multiple choice: text between the context and each choice "
                                                      "(empty with --chat)")
     p.add_argument("--output", default=None, metavar="results.json", help="write metrics and per-item predictions")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.set_defaults(func=_eval_lm)
 
     p = sub.add_parser("eval", help="evaluate a robot policy in closed loop (`eval CONFIG`), or compare two runs "
@@ -373,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     except LongboatError as e:
         error(str(e))
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into utils.interrupt.Interrupted
         error("interrupted")
-        return 130
+        return 128 + getattr(e, "signum", 2)  # the shell's code for that signal
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0

@@ -122,15 +122,22 @@ class IndexedDataset:
 
 
 class IndexedDatasetWriter:
-    """Writes a ``.bin``/``.idx`` pair. Use as a context manager; files appear only when complete."""
+    """Writes a ``.bin``/``.idx`` pair. Use as a context manager; files appear only when complete.
 
-    def __init__(self, prefix: str | os.PathLike, dtype: type[np.generic] | np.dtype = np.uint16):
+    ``files``: the ``.bin`` and ``.idx`` to write instead, as they are, for a caller that stages them itself
+    (:func:`longboat.utils.outputs.staged_files`) and renames them into place.
+    """
+
+    def __init__(self, prefix: str | os.PathLike, dtype: type[np.generic] | np.dtype = np.uint16,
+                 files: tuple[str | os.PathLike, str | os.PathLike] | None = None):
         self.prefix = strip_suffix(prefix)
         self.dtype = np.dtype(dtype)
         if self.dtype not in _CODE_OF:
             raise ValueError(f"dtype {self.dtype} cannot be stored in a Megatron index")
-        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
-        self._tmp_bin = Path(f"{self.prefix}.bin.tmp")
+        self._files = None if files is None else (Path(files[0]), Path(files[1]))
+        if self._files is None:
+            Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        self._tmp_bin = self._files[0] if self._files else Path(f"{self.prefix}.bin.tmp")
         self._bin = open(self._tmp_bin, "wb")
         self._lengths: list[int] = []
         self._doc_indices: list[int] = [0]
@@ -167,18 +174,21 @@ class IndexedDatasetWriter:
         if len(lengths) > 1:
             np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
         docs = np.asarray(self._doc_indices, dtype=np.int64)
-        tmp_idx = Path(f"{self.prefix}.idx.tmp")
+        tmp_idx = self._files[1] if self._files else Path(f"{self.prefix}.idx.tmp")
         with open(tmp_idx, "wb") as f:
             f.write(_HEADER.pack(MAGIC, VERSION, _CODE_OF[self.dtype], len(lengths), len(docs)))
             f.write(lengths.tobytes())
             f.write(pointers.tobytes())
             f.write(docs.tobytes())
+        if self._files:
+            return
         os.replace(self._tmp_bin, data_path(self.prefix))
         os.replace(tmp_idx, index_path(self.prefix))
 
     def abort(self) -> None:
         self._bin.close()
-        self._tmp_bin.unlink(missing_ok=True)
+        if self._files is None:
+            self._tmp_bin.unlink(missing_ok=True)
 
     def __enter__(self) -> "IndexedDatasetWriter":
         return self

@@ -35,9 +35,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from longboat.data.indexed import IndexedDatasetWriter, dtype_for_vocab, strip_suffix
+from longboat.data.indexed import IndexedDatasetWriter, data_path, dtype_for_vocab, index_path, strip_suffix
 from longboat.data.text_sources import Batch, batch_texts, expand_inputs, iter_batches
 from longboat.data.tokenizer import Tokenizer, TokenizerError
+from longboat.utils.outputs import staged_files
 
 DEFAULT_BATCH_SIZE = 256
 
@@ -168,17 +169,43 @@ def tokenize_to_indexed(
     batch_size: int = DEFAULT_BATCH_SIZE,
     txt_mode: str = "file",
     progress: bool = True,
+    overwrite: bool = False,
 ) -> TokenizeStats:
     """Tokenize every document of ``inputs`` (paths or globs) into ``output_prefix.bin/.idx``.
 
     One document = one jsonl row / parquet row / text file (or paragraph, or line, by ``txt_mode``);
-    each becomes one sequence, ending with the tokenizer's eos when ``append_eod``.
+    each becomes one sequence, ending with the tokenizer's eos when ``append_eod``. The pair appears only
+    when both files are complete; an existing one is replaced only with ``overwrite``, an input never.
     """
     start = time.perf_counter()
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise TokenizerError(f"workers must be at least 1, got {workers}")
     paths = expand_inputs(inputs)
+    prefix = _output_prefix(output_prefix)
+    with staged_files([data_path(prefix), index_path(prefix)], overwrite, [*paths, tokenizer_dir]) as staged:
+        documents, tokens, seen = _tokenize(paths, tokenizer_dir, prefix, staged, text_key, append_eod, workers,
+                                            batch_size, txt_mode, progress, start)
+    stats = TokenizeStats(documents, tokens, time.perf_counter() - start, skipped=seen - documents)
+    if progress:
+        print(f"{stats.summary()} -> {prefix}.bin/.idx", flush=True)
+    return stats
+
+
+def _output_prefix(output_prefix: str | os.PathLike) -> str:
+    """``output_prefix`` without ``.bin``/``.idx``; one that names a directory (``dir/``) is refused, since it
+    would write the hidden files ``dir/.bin`` and ``dir/.idx``."""
+    prefix = strip_suffix(output_prefix)
+    if prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        example = Path(prefix) / "corpus_text_document"
+        raise TokenizerError(f"output prefix {str(output_prefix)!r} names a directory; give a file name prefix "
+                             f"such as {example} (writes {example}.bin and {example}.idx)")
+    return prefix
+
+
+def _tokenize(paths, tokenizer_dir, prefix, staged, text_key, append_eod, workers, batch_size, txt_mode,
+              progress, start) -> tuple[int, int, int]:
+    """Write the documents of ``paths`` into the ``staged`` .bin/.idx; returns (documents, tokens, seen)."""
     tokenizer = Tokenizer(tokenizer_dir)
     if append_eod and tokenizer.eos_id is None:
         raise TokenizerError(
@@ -187,11 +214,10 @@ def tokenize_to_indexed(
         )
     batches = iter_batches(paths, text_key=text_key, txt_mode=txt_mode, batch_size=batch_size)
     encoder = _Encoder(tokenizer, text_key, append_eod)
-    prefix = strip_suffix(output_prefix)
     documents = tokens = seen = 0
     with (
         _worker_pool(workers, encoder, str(tokenizer_dir)) as pool,
-        IndexedDatasetWriter(prefix, encoder.dtype) as writer,
+        IndexedDatasetWriter(prefix, encoder.dtype, files=staged) as writer,
         _Progress(progress, paths) as bar,
     ):
         for batch_tokens, lengths, n_docs in _encoded_in_order(batches, encoder, pool, workers):
@@ -208,10 +234,7 @@ def tokenize_to_indexed(
                 f"no text to tokenize in {_describe(paths)}: every document is empty; nothing was written to "
                 f"{prefix}.bin/.idx"
             )
-    stats = TokenizeStats(documents, tokens, time.perf_counter() - start, skipped=seen - documents)
-    if progress:
-        print(f"{stats.summary()} -> {prefix}.bin/.idx", flush=True)
-    return stats
+    return documents, tokens, seen
 
 
 def _describe(paths: list[Path]) -> str:

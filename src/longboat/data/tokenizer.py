@@ -17,6 +17,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from longboat.data.text_sources import expand_inputs, iter_text_batches
 from longboat.errors import LongboatError
 from longboat.utils.json_files import read_json_object
+from longboat.utils.outputs import check_output, staged_output
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -159,10 +160,13 @@ def train_bpe(
     text_key: str = "text",
     txt_mode: str = "file",
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> Tokenizer:
     """Train a byte-level BPE on text/jsonl/parquet files (globs allowed) and save it to ``out_dir``.
 
-    Byte-level means every string survives ``decode(encode(x)) == x``; ``<|endoftext|>`` is the eos.
+    Byte-level means every string survives ``decode(encode(x)) == x``; ``<|endoftext|>`` is the eos. A
+    non-empty ``out_dir`` is replaced, once training is done, only with ``overwrite``, and never one that
+    holds an input.
     """
     special_tokens = list(dict.fromkeys([EOS_TOKEN, *special_tokens]))
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -172,6 +176,7 @@ def train_bpe(
             f"{len(alphabet)} byte tokens + {len(special_tokens)} special tokens"
         )
     paths = expand_inputs(files)
+    check_output(out_dir, overwrite, paths)  # before training, which may take long
     backend = _Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -196,5 +201,6 @@ def train_bpe(
         names = ", ".join(map(str, paths[:3])) + (f" and {len(paths) - 3} more files" if len(paths) > 3 else "")
         raise TokenizerError(f"no text to train a tokenizer on in {names}; nothing was written to {out_dir}")
     tok = Tokenizer.from_backend(backend, {"eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN})
-    tok.save(out_dir)
+    with staged_output(out_dir, overwrite, paths) as stage:
+        tok.save(stage)
     return Tokenizer(out_dir)

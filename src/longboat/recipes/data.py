@@ -23,6 +23,7 @@ def tokenize(
     workers: int | None = None,
     txt_mode: str = "file",
     batch_size: int = DEFAULT_BATCH_SIZE,
+    overwrite: bool = False,
 ) -> TokenizeStats:
     """``longboat data tokenize``: write ``output_prefix.bin/.idx``, showing progress and a summary."""
     return tokenize_to_indexed(
@@ -35,6 +36,7 @@ def tokenize(
         batch_size=batch_size,
         txt_mode=txt_mode,
         progress=True,
+        overwrite=overwrite,
     )
 
 
@@ -45,10 +47,11 @@ def train_tokenizer(
     min_frequency: int = 2,
     text_key: str = "text",
     txt_mode: str = "file",
+    overwrite: bool = False,
 ) -> Tokenizer:
     """``longboat data train-tokenizer``: train a byte-level BPE and save it as an HF directory."""
     tok = train_bpe(inputs, vocab_size, output, min_frequency=min_frequency, text_key=text_key,
-                    txt_mode=txt_mode)
+                    txt_mode=txt_mode, overwrite=overwrite)
     print(f"saved tokenizer (vocab {tok.vocab_size:,}, eos {tok.eos_token!r} = id {tok.eos_id}) to {output}",
           flush=True)
     return tok

@@ -20,6 +20,7 @@ import json
 import re
 import string
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -33,6 +34,7 @@ from longboat.models.llm.generation import generate
 from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
 from longboat.utils.json_files import parse_json
 from longboat.utils.logging import console
+from longboat.utils.outputs import staged_file
 from longboat.utils.stats import wilson_interval
 
 Kind = Literal["exact_match", "multiple_choice"]
@@ -52,6 +54,7 @@ class EvalLMConfig(StrictModel):
     normalize: Literal["strip", "squad"] = "strip"
     delimiter: str = " "  # between context and choice; with chat the reply starts right after the template's prompt
     output: Path | None = None
+    overwrite: bool = False  # replace an existing output file
 
 
 @dataclass
@@ -198,8 +201,22 @@ def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_toke
 
 
 def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
-    """Score the model on ``cfg.data``; print the metrics with 95% Wilson intervals; return (and write) the results."""
+    """Score the model on ``cfg.data``; print the metrics with 95% Wilson intervals; return (and write) the results.
+    The output file is checked before the model is read and appears only once complete."""
     kind, rows = read_rows(cfg.data, cfg.kind, cfg.limit)  # malformed rows fail before the model is read
+    with ExitStack() as stack:
+        staged = None if cfg.output is None else stack.enter_context(
+            staged_file(cfg.output, cfg.overwrite, [cfg.data, model_path]))
+        results = _evaluate(model_path, cfg, kind, rows)
+        if staged is not None:
+            staged.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if cfg.output is not None:
+        console.print(f"wrote {cfg.output}")
+    return results
+
+
+def _evaluate(model_path: str | Path, cfg: EvalLMConfig, kind: Kind, rows: list[Row]) -> dict:
+    """Load the model, score ``rows`` and print the metrics; the results as they are written."""
     loaded = load_for_inference(model_path)
     chat = cfg.chat if cfg.chat is not None else (kind == "exact_match" and loaded.chat_template is not None)
     if any(r.messages is not None for r in rows) and cfg.chat is False:
@@ -235,10 +252,6 @@ def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
     results = {"model": str(loaded.source), "data": str(cfg.data), "kind": kind, "chat": chat, "n": len(items),
                "metrics": metrics, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
                "items": items}
-    if cfg.output is not None:
-        cfg.output.parent.mkdir(parents=True, exist_ok=True)
-        cfg.output.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        console.print(f"wrote {cfg.output}")
     return results
 
 

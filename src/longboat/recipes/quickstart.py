@@ -81,9 +81,10 @@ def prepare_corpus(work: Path, vocab_size: int) -> tuple[Path, str, str]:
     prefix = work / f"{name}_text_document"
     if not (tok_dir / "tokenizer.json").is_file():
         console.print(f"training a {vocab_size}-token byte-level BPE on {len(files)} {name} files")
-        train_bpe(files, vocab_size, tok_dir, txt_mode=txt_mode, show_progress=False)
+        train_bpe(files, vocab_size, tok_dir, txt_mode=txt_mode, show_progress=False, overwrite=True)  # its own cache
     if not Path(f"{prefix}.idx").is_file():
-        tokenize_to_indexed(files, tok_dir, prefix, txt_mode=txt_mode, workers=min(2, os.cpu_count() or 1))
+        tokenize_to_indexed(files, tok_dir, prefix, txt_mode=txt_mode, workers=min(2, os.cpu_count() or 1),
+                            overwrite=True)
     return tok_dir, str(prefix), name
 
 

@@ -1,10 +1,11 @@
-"""Output directories written whole or not at all, never at the cost of what was there.
+"""Outputs written whole or not at all, never at the cost of what was there.
 
-A command fills a hidden sibling of its target and renames it into place, so a crash leaves the old target
-or the new one, never half of either. An existing target is replaced only when the caller allows it, and
-never when it is, holds or lies inside what the command reads, a run directory or a checkpoint: deleting
-those loses training. A run's own export directories (``<run>/export``, ``<run>/hf``, ``<run>/adapter``) are the
-exception, since training rewrites them at the end of every run.
+A command fills a hidden sibling of its target (a directory, a file, or files that belong together) and renames
+it into place, so a crash, Ctrl-C or SIGTERM leaves the old target or the new one, never half of either. An
+existing target is replaced only when the caller allows it, and never when it is, holds or lies inside what the
+command reads, a run directory or a checkpoint: deleting those loses training. A run's own export directories
+(``<run>/export``, ``<run>/hf``, ``<run>/adapter``) are the exception, since training rewrites them at the end
+of every run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from longboat.errors import LongboatError
+from longboat.errors import LongboatError, WorldError
+from longboat.utils.interrupt import signals_held, sigterm_raises
 
 RUN_CONFIG = "config.yaml"
 RUN_CHECKPOINTS = "checkpoints"
@@ -25,7 +27,12 @@ RUN_EXPORTS = ("export", "hf", "adapter")
 
 
 class OutputError(LongboatError):
-    """An output directory cannot be written without destroying something worth keeping."""
+    """An output cannot be written without destroying something worth keeping."""
+
+
+class OutputPlaceError(WorldError, OutputError):
+    """The file system refuses the place an output goes: a parent that is a file, a read-only or virtual file
+    system, no permission."""
 
 
 def is_run_dir(path: Path) -> bool:
@@ -74,19 +81,111 @@ def staged_output(target: str | os.PathLike, overwrite: bool | None = False,
     sources = list(sources)
     check_output(target, overwrite, sources)
     path = Path(os.path.abspath(target))  # lexical: a symlinked target is replaced as a link, its target kept
+    with sigterm_raises():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stage = _sibling(path, "partial")
+            stage.mkdir()  # not mkdtemp: the output keeps the umask's permissions, not 0700
+        except OSError as e:
+            raise _cannot_write(target, e) from None
+        try:
+            yield stage
+            check_output(target, overwrite, sources)  # the target may have changed while the output was written
+            _swap_in(stage, path)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+
+
+def check_file_output(target: str | os.PathLike, overwrite: bool = False,
+                      sources: Iterable[str | os.PathLike] = ()) -> None:
+    """Raise :class:`OutputError` unless a file may be written at ``target``.
+
+    A missing target may always be written, an existing file when ``overwrite`` is true, a directory never.
+    Whatever ``overwrite`` says, a file that is one of ``sources`` (what is being read), lies inside one of
+    them or inside a checkpoint is refused.
+    """
+    shown = Path(target)
+    if shown.is_dir():
+        raise OutputError(f"{shown}: is a directory; expected the path of a file to write")
+    if not (shown.exists() or shown.is_symlink()):
+        return
+    real = shown.resolve()
+    for source in (Path(s).resolve() for s in sources):
+        if real == source:
+            raise OutputError(f"{shown}: is an input of this command; refusing to replace it, choose another output")
+        if source in real.parents:
+            raise OutputError(f"{shown}: is inside {source}, which this command reads; choose another output")
+    for parent in real.parents:
+        if is_checkpoint(parent):
+            raise OutputError(f"{shown}: is inside the checkpoint {parent}; choose another output")
+    if not overwrite:
+        raise OutputError(f"{shown} already exists; pass --overwrite to replace it, or choose another output")
+
+
+@contextmanager
+def staged_file(target: str | os.PathLike, overwrite: bool = False,
+                sources: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
+    """Check ``target`` (see :func:`check_file_output`), yield an empty hidden sibling file to fill, then rename
+    it over ``target``. On any exception (Ctrl-C and SIGTERM included) the sibling is removed and ``target`` is
+    left as it was."""
+    with staged_files([target], overwrite, sources) as (stage,):
+        yield stage
+
+
+@contextmanager
+def staged_files(targets: Iterable[str | os.PathLike], overwrite: bool = False,
+                 sources: Iterable[str | os.PathLike] = ()) -> Iterator[list[Path]]:
+    """:func:`staged_file` for files that belong together (``NAME.bin`` and ``NAME.idx``): each is checked
+    before anything is written, and all are renamed into place only once all are complete."""
+    targets, sources = [Path(t) for t in targets], list(sources)
+    for target in targets:
+        check_file_output(target, overwrite, sources)
+    stages: list[Path] = []
+    with sigterm_raises():
+        try:
+            for target in targets:
+                path = Path(os.path.abspath(target))
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    stages.append(_sibling(path, "partial"))
+                    stages[-1].touch(exist_ok=False)
+                except OSError as e:
+                    raise _cannot_write(target, e) from None
+            yield stages
+            for target in targets:  # a target may have appeared while the output was written
+                check_file_output(target, overwrite, sources)
+            with signals_held():  # all renamed, or none
+                for stage, target in zip(stages, targets):
+                    os.replace(stage, os.path.abspath(target))
+        except BaseException:
+            for stage in stages:
+                stage.unlink(missing_ok=True)
+            raise
+
+
+def check_place(target: str | os.PathLike) -> None:
+    """Raise :class:`OutputPlaceError` unless something can be created beside ``target`` (its missing parents are
+    made): for a command that writes in its own way, checked before its long work starts."""
+    path = Path(os.path.abspath(target))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        stage = _sibling(path, "partial")
-        stage.mkdir()  # not mkdtemp: the output keeps the umask's permissions, not 0700
+        probe = _sibling(path, "probe")
+        probe.mkdir()
+        probe.rmdir()
     except OSError as e:
-        raise OutputError(f"{target}: cannot write here ({e.strerror or e})") from None
-    try:
-        yield stage
-        check_output(target, overwrite, sources)  # the target may have changed while the output was written
-        _swap_in(stage, path)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+        raise _cannot_write(target, e) from None
+
+
+def _cannot_write(target: str | os.PathLike, e: OSError) -> OutputPlaceError:
+    """The error for an output the file system refused, naming the file that stands where a directory must be."""
+    why = e.strerror or str(e)
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        for parent in Path(os.path.abspath(target)).parents:
+            if parent.exists() and not parent.is_dir():
+                why = f"{parent} is a file, not a directory"
+                break
+    return OutputPlaceError(f"{target}: cannot write here ({why})")
 
 
 def _swap_in(stage: Path, target: Path) -> None:
@@ -95,16 +194,17 @@ def _swap_in(stage: Path, target: Path) -> None:
         os.replace(stage, target)  # over nothing or an empty directory
         return
     aside = _sibling(target, "old")
-    os.rename(target, aside)
-    try:
-        os.rename(stage, target)
-    except BaseException:
-        os.rename(aside, target)
-        raise
-    if aside.is_dir() and not aside.is_symlink():
-        shutil.rmtree(aside)
-    else:
-        aside.unlink()
+    with signals_held():  # a stop signal between the renames would leave no target, or the old one aside
+        os.rename(target, aside)
+        try:
+            os.rename(stage, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside)
+        else:
+            aside.unlink()
 
 
 def _sibling(path: Path, kind: str) -> Path:

@@ -10,11 +10,15 @@ import time
 import numpy as np
 import pytest
 
+from longboat.cli.main import main
 from longboat.data.robot import RobotDataset
 from longboat.data.robot.record import RecordError, known_envs, make_env, record, register_simulator
+from longboat.data.robot.record.errors import RenderError
+from longboat.data.robot.record.recorder import MAX_IMAGE_SIZE
 from longboat.data.robot.record.fetch_env import FetchEnv
 from longboat.data.robot.record.optional import import_simulator
 from longboat.data.robot.record.registry import SIMULATORS
+from longboat.utils.outputs import OutputError
 
 SIZE = 32
 
@@ -78,10 +82,10 @@ def test_fetch_experts_succeed(tmp_path):
     assert all(last)
 
 
-def _run_cli(out):
+def _run_cli(out, *extra):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen([sys.executable, "-m", "longboat", "data", "record", "--env", "fetch:pick_and_place",
-                             "--episodes", "200", "--size", "16", "--output", str(out)],
+                             "--episodes", "200", "--size", "16", "--output", str(out), *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -163,12 +167,65 @@ def test_bad_input(tmp_path):
         record(["fetch:reach"], 1, tmp_path / "a", max_steps=0)
     with pytest.raises(RecordError, match="distinct environments"):
         record(["fetch:reach", "fetch:reach"], 1, tmp_path / "a")
+    with pytest.raises(RecordError, match=r"^expected seed >= 0, got -1$"):
+        record(["fetch:reach"], 1, tmp_path / "a", seed=-1)
+    with pytest.raises(RecordError, match=rf"^expected image size <= {MAX_IMAGE_SIZE}, got 20000$"):
+        record(["fetch:reach"], 1, tmp_path / "a", image_size=20000)
     (tmp_path / "notes").mkdir()
-    with pytest.raises(RecordError, match="already exists"):
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(OutputError, match="already exists and is not empty; pass --overwrite"):
         record(["fetch:reach"], 1, tmp_path / "notes")
     with pytest.raises(RecordError, match="not a LeRobot dataset; refusing"):
         record(["fetch:reach"], 1, tmp_path / "notes", overwrite=True)
-    assert list((tmp_path / "notes").iterdir()) == [] and not (tmp_path / "a").exists()
+    assert os.listdir(tmp_path / "notes") == ["todo.txt"] and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("output", ["file/demo", "/proc/demo"])
+def test_an_output_the_os_refuses_is_one_line(tmp_path, capsys, output):
+    """Under a regular file or in /proc: one line naming the place, exit 1 (WorldError), nothing left behind."""
+    (tmp_path / "file").write_text("mine")
+    output = str(tmp_path / output) if not output.startswith("/") else output
+    code = main(["data", "record", "--env", "fetch:reach", "--episodes", "1", "--output", output])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith(f"error: {output}: cannot write here (") and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["file"] and (tmp_path / "file").read_text() == "mine"
+
+
+def test_frames_the_renderer_cannot_hold_are_one_error(capsys):
+    """A MuJoCo framebuffer beyond the GL limit fails as a RenderError (exit 1), and the environment still renders
+    at a size it can hold, with nothing printed at exit."""
+    env = make_env("fetch:reach")
+    env.reset(0)
+    with pytest.raises(RenderError, match=r"cannot render 20000x20000 camera frames here \(.*\); choose a smaller"):
+        env.render(env.cameras[0], 20000)
+    assert env.render(env.cameras[0], 16).shape == (16, 16, 3)
+    env.close()
+    assert RenderError.exit_code == 1 and "Exception ignored" not in capsys.readouterr().err
+
+
+def snapshot(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_overwrite_keeps_the_old_dataset(tmp_path, ctrl_c, signum):
+    """Ctrl-C (or SIGTERM) while ``--overwrite`` records over a dataset: the old one is left byte for byte, and
+    the partial recording, with the episodes it had saved, is removed."""
+    out = tmp_path / "demo"
+    record(["fetch:reach"], 1, out, cameras=(), max_steps=3, progress=False)
+    before = snapshot(out)
+    proc = _run_cli(out, "--overwrite")
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".*.partial*/data/*/*.parquet")):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert "interrupted:" in err and f"{out} left as it was" in err and err.strip().endswith("error: interrupted")
+    assert snapshot(out) == before
+    assert os.listdir(tmp_path) == ["demo"]  # no hidden sibling left
 
 
 def test_overwrite_replaces_a_dataset(tmp_path):

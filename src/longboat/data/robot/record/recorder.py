@@ -2,15 +2,13 @@
 
 Each frame holds the state before the step, the camera frames, the expert's action and what the step brought:
 ``next.reward``, ``next.success`` and ``next.done``. An episode ends at the first success or after ``max_steps``.
-Environments whose state or action is shorter than the longest are zero-padded to it. Ctrl-C keeps the episodes
-saved so far as a valid dataset (or leaves nothing when none was saved); a dataset being overwritten is
-replaced only by a complete one.
+Environments whose state or action is shorter than the longest are zero-padded to it. Ctrl-C or SIGTERM keeps
+the episodes saved so far as a valid dataset (or leaves nothing when none was saved); a dataset being
+overwritten is replaced only by a complete recording, and an interrupted one leaves it as it was.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import threading
 import time
@@ -22,13 +20,15 @@ import numpy as np
 
 from longboat.data.robot.encode import VideoOptions
 from longboat.data.robot.record.env import SimEnv
-from longboat.data.robot.record.errors import RecordError
+from longboat.data.robot.record.errors import RecordError, RenderError
 from longboat.data.robot.record.progress import RecordProgress
 from longboat.data.robot.record.registry import make_env
 from longboat.data.robot.writer import RobotDatasetWriter
-from longboat.utils.interrupt import ctrl_c_sets
+from longboat.utils.interrupt import Interrupted, signals_set, stop_signal
+from longboat.utils.outputs import check_output, check_place, staged_output
 
 DEFAULT_CAMERA_KEY = "main"  # when the environments' default cameras differ in name
+MAX_IMAGE_SIZE = 8704  # SVT-AV1, the default video codec, encodes frames at most 8704 pixels high
 
 
 @dataclass
@@ -77,28 +77,35 @@ def record(
     an environment starts from seed ``seed + i``; ``only_success`` drops the episodes that did not succeed."""
     output = Path(output)
     for name, value, least in (("episodes", episodes_per_env, 1), ("image size", image_size, 8),
-                               ("max steps", max_steps, 1), ("fps", fps, 1)):
+                               ("max steps", max_steps, 1), ("fps", fps, 1), ("seed", seed, 0)):
         if value is not None and value < least:
             raise RecordError(f"expected {name} >= {least}, got {value}")
+    if image_size > MAX_IMAGE_SIZE:
+        raise RecordError(f"expected image size <= {MAX_IMAGE_SIZE}, got {image_size}")
     if len(set(envs)) != len(envs) or not envs:
         raise RecordError(f"expected one or more distinct environments, got {list(envs)}")
-    _check_output(output, overwrite)
-    # A dataset being replaced stays until its successor is complete.
-    staged = output.with_name(f".{output.name}.replacing-{os.getpid()}") if output.exists() else output
+    replacing = _check_output(output, overwrite)
+    if not replacing:
+        check_place(output)  # before the simulators start
     sims = [make_env(name) for name in envs]
     try:
-        views = _camera_views(sims, cameras)
-        return _record(sims, views, episodes_per_env, output, staged, image_size, fps, max_steps, only_success,
-                       seed, video, progress)
+        args = (sims, _camera_views(sims, cameras), episodes_per_env, output, image_size, fps, max_steps,
+                only_success, seed, video, progress)
+        if not replacing:
+            return _record(*args, root=output, keep_partial=True)
+        # The old dataset stays until its successor is complete; an interrupted recording leaves it as it was.
+        with staged_output(output, overwrite) as stage:
+            stage.rmdir()  # the writer makes the dataset directory itself, whole, when it closes
+            return _record(*args, root=stage, keep_partial=False)
     finally:
-        if staged != output and staged.exists():
-            shutil.rmtree(output)
-            os.rename(staged, output)
         for sim in sims:
             sim.close()
 
 
-def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_success, seed, video, progress):
+def _record(sims, views, episodes, output, size, fps, max_steps, only_success, seed, video, progress, root,
+            keep_partial):
+    """Record into a new dataset at ``root``, reported as ``output``; ``keep_partial``: an interrupted recording
+    keeps the episodes saved so far."""
     state_dim, action_dim = max(s.state_dim for s in sims), max(s.action_dim for s in sims)
     fps = fps or sims[0].fps
     features = {
@@ -113,12 +120,16 @@ def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_su
     for i, sim in enumerate(sims):  # GL and cameras fail here, before anything is written
         sim.reset(seed)
         for per_env in views.values():
-            sim.render(per_env[i], size)
+            try:
+                sim.render(per_env[i], size)
+            except MemoryError:
+                raise RenderError(f"{sim.name}: not enough memory to render {size}x{size} camera frames; "
+                                  f"choose a smaller size") from None
     result = RecordResult(output, [EnvResult(s.name) for s in sims])
-    writer = RobotDatasetWriter(staged, fps, features, robot_type="+".join(sorted({s.robot_type for s in sims})),
+    writer = RobotDatasetWriter(root, fps, features, robot_type="+".join(sorted({s.robot_type for s in sims})),
                                 video=video)
     start = time.perf_counter()
-    with ctrl_c_sets(threading.Event()) as stop:  # stops between frames
+    with signals_set(threading.Event()) as stop:  # Ctrl-C and SIGTERM stop between frames
         try:
             with RecordProgress(progress, len(sims) * episodes) as bar:
                 for i, (sim, res) in enumerate(zip(sims, result.envs)):
@@ -141,7 +152,8 @@ def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_su
         except BaseException:
             writer.abort()
             raise
-        if writer.episodes:
+        result.interrupted |= stop.is_set()
+        if writer.episodes and (keep_partial or not result.interrupted):
             writer.clear_episode()
             writer.close()
         else:
@@ -149,9 +161,9 @@ def _record(sims, views, episodes, output, staged, size, fps, max_steps, only_su
             result.output = None
         result.interrupted |= stop.is_set()
     result.seconds = time.perf_counter() - start
-    _report(result)
+    _report(result, kept=None if keep_partial else output)
     if result.interrupted:
-        raise KeyboardInterrupt
+        raise Interrupted(stop_signal(stop))
     if result.output is None:
         raise RecordError(f"{output}: no episode succeeded; nothing written")
     return result
@@ -197,22 +209,25 @@ def _camera_views(sims: list[SimEnv], cameras: Sequence[str] | None) -> dict[str
     return {c: [c] * len(sims) for c in cameras}
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    if not output.exists():
-        return
-    if not overwrite:
-        raise RecordError(f"{output}: already exists (pass overwrite to replace it)")
-    if not (output / "meta" / "info.json").is_file():
+def _check_output(output: Path, overwrite: bool) -> bool:
+    """Whether ``output`` exists and may be replaced (the export rule; what is replaced must be a dataset)."""
+    check_output(output, overwrite)
+    if not (output.exists() or output.is_symlink()):
+        return False
+    if not output.is_dir() or (any(output.iterdir()) and not (output / "meta" / "info.json").is_file()):
         raise RecordError(f"{output}: exists and is not a LeRobot dataset; refusing to replace it")
+    return True
 
 
-def _report(result: RecordResult) -> None:
+def _report(result: RecordResult, kept: Path | None) -> None:
     for r in result.envs:
         if r.episodes:
             print(f"{r.name}: {r.successes}/{r.episodes} successful ({100 * r.success_rate:.0f}%), "
                   f"{r.saved} episodes saved, {r.frames} frames", file=sys.stderr, flush=True)
     saved = sum(r.saved for r in result.envs)
     where = f"to {result.output}" if result.output else "nothing written"
+    if kept is not None and result.output is None:
+        where += f"; {kept} left as it was"
     stop = "interrupted: " if result.interrupted else ""
     print(f"{stop}{saved} episodes, {result.frames} frames in {result.seconds:.1f} s "
           f"({result.frames_per_second:.1f} frames/s) {where}", file=sys.stderr, flush=True)

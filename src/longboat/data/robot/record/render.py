@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from longboat.data.robot.record.errors import RenderError
 from longboat.data.robot.record.optional import import_simulator
 
 
@@ -16,9 +17,14 @@ class CameraRenderer:
         mujoco = import_simulator("mujoco")
         self.rotated = rotated
         model.vis.quality.offsamples = 0
-        model.vis.global_.offwidth = max(model.vis.global_.offwidth, size)
-        model.vis.global_.offheight = max(model.vis.global_.offheight, size)
-        self._renderer = mujoco.Renderer(model, size, size)
+        offscreen = model.vis.global_.offwidth, model.vis.global_.offheight
+        model.vis.global_.offwidth = max(offscreen[0], size)
+        model.vis.global_.offheight = max(offscreen[1], size)
+        try:
+            self._renderer = _renderer(mujoco, model, size)
+        except RenderError:  # every later context is made at the model's offscreen size
+            model.vis.global_.offwidth, model.vis.global_.offheight = offscreen
+            raise
         for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION):
             self._renderer.scene.flags[flag] = 0
 
@@ -30,3 +36,17 @@ class CameraRenderer:
 
     def close(self) -> None:
         self._renderer.close()
+
+
+def _renderer(mujoco, model, size: int):
+    """``mujoco.Renderer(model, size, size)``, or :class:`RenderError` when the GL context cannot hold such frames.
+    A Renderer whose ``__init__`` failed is closed here: left to its ``__del__``, it prints errors at exit."""
+    renderer = mujoco.Renderer.__new__(mujoco.Renderer)
+    try:
+        renderer.__init__(model, size, size)
+    except (mujoco.FatalError, MemoryError) as e:
+        if not hasattr(renderer, "_mjr_context"):  # set only once the GL context exists; close() reads it
+            renderer._mjr_context = None
+        renderer.close()
+        raise RenderError(f"cannot render {size}x{size} camera frames here ({e}); choose a smaller size") from None
+    return renderer
