@@ -5,6 +5,11 @@ export is read from its safetensors and JSON; a checkpoint through its run's ``c
 when it has them and the task's assets rebuilt from the task's saved state; a Hugging Face directory through the
 spec that reads its ``model_type``, with its tokenizer and generation config as assets. A LoRA run's checkpoint is
 rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture.
+
+Opening an export runs no code from it: the plugins it records are information only, and its architecture must
+already be registered (by longboat, an installed package's ``longboat.plugins`` entry point, or plugins the user
+loads, e.g. ``--plugin``). A run directory and its checkpoints are the user's own runs: opening them imports the
+plugins of the run's ``config.yaml``, as training did.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ from longboat.checkpoint.catalog import latest_checkpoint
 from longboat.checkpoint.integrity import COMPLETE_MARKER
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
-from longboat.models import ModelSpec, get_model, hf_spec
+from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.lora import LoRAConfig, apply_lora, merge_lora
-from longboat.recipes.config import load_run_dir_config
-from longboat.utils.plugins import load_plugins
+from longboat.recipes.config import load_run_dir_config, load_run_dir_plugins
+from longboat.utils.plugins import load_entry_points
 
 HF_CONFIG = "config.json"
 
@@ -67,10 +72,13 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such export, run directory, checkpoint or Hugging Face directory")
+    load_entry_points()
     if (path / EXPORT_CONFIG).is_file():
         return _open_export(path)
     run_export = path / "export" / EXPORT_CONFIG
     if run_export.is_file() and not (prefer_checkpoint and latest_checkpoint(path / "checkpoints")):
+        if (path / "config.yaml").is_file():  # a run directory: the user's own run, its plugins as in training
+            load_run_dir_plugins(path)
         return _open_export(path / "export")
     if (path / COMPLETE_MARKER).is_file():  # run_dir/checkpoints/step_N
         return _open_checkpoint(path.parent.parent, path)
@@ -86,11 +94,12 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
 
 
 
-
 def _open_export(path: Path) -> Artifact:
     meta = read_export_config(path)
-    plugins = tuple(meta.get("plugins") or ())
-    load_plugins(list(plugins))
+    recorded = meta.get("plugins") or ()
+    plugins = tuple(p for p in recorded if isinstance(p, str)) if isinstance(recorded, list) else ()
+    if meta.get("arch") not in model_names():
+        raise ExportError(unregistered_architecture(path / EXPORT_CONFIG, meta.get("arch"), plugins))
     spec = get_model(meta["arch"])
     cfg = validate(spec.config, meta["model"], str(path / EXPORT_CONFIG), prefix="model")
     model = spec.build(cfg)
@@ -98,6 +107,18 @@ def _open_export(path: Path) -> Artifact:
     assets = {name: path / name for name in meta["assets"]}
     return Artifact(meta["arch"], cfg, model.eval(), meta.get("task"), assets, path, bool(meta.get("ema")),
                     plugins, meta.get("hf_family"), meta.get("lora_merged"))
+
+
+def unregistered_architecture(source: Path, arch: object, plugins: tuple[str, ...]) -> str:
+    """Why an export's architecture cannot be opened, and how to provide it: exports import none of their plugins."""
+    if plugins:
+        trained = f"it was trained with the plugins {', '.join(map(repr, plugins))}, which opening an export never imports"
+        example = plugins[0]
+    else:
+        trained, example = "it names no plugins", "MODULE_OR_FILE"
+    return (f"{source}: architecture {arch!r} is not registered (known: {', '.join(model_names())}); {trained}: pass "
+            f"the one that registers it yourself (--plugin {example}) or install a package that registers it "
+            f"through the 'longboat.plugins' entry points")
 
 
 def _open_hf(path: Path) -> Artifact:

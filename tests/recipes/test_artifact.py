@@ -1,0 +1,71 @@
+"""``open_artifact`` on files from elsewhere: an export's plugins are never imported (its architecture must be
+registered by the user's ``--plugin``), and a config too large for the memory fails before allocating."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from longboat.cli.main import main
+from longboat.models import registry
+from tests.conftest import REPO
+
+PLUGIN = REPO / "tests" / "plugins" / "marker_decoder.py"
+
+
+@pytest.fixture
+def marker(tmp_path, monkeypatch):
+    """The file the plugin writes when imported; the registry and the plugin's module restored afterwards."""
+    path = tmp_path / "imported.txt"
+    monkeypatch.setenv("LONGBOAT_TEST_PLUGIN_MARKER", str(path))
+    monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
+    before = set(sys.modules)
+    yield path
+    for name in set(sys.modules) - before:
+        if name.startswith("longboat_plugin_"):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def plugin_export(chat_export, tmp_path):
+    """The chat export under the architecture only ``marker_decoder.py`` registers, which it lists as its plugin."""
+    out = tmp_path / "export"
+    shutil.copytree(chat_export, out)
+    meta = json.loads((out / "longboat_config.json").read_text())
+    meta.update(arch="marker_decoder", plugins=[str(PLUGIN)])
+    (out / "longboat_config.json").write_text(json.dumps(meta))
+    return out
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi", "--max-new-tokens", "2"], ["serve", "--port", "0"]])
+def test_an_exports_plugins_are_not_imported(plugin_export, marker, capsys, command):
+    code, _, err = run_cli(capsys, command[0], str(plugin_export), *command[1:])
+    assert code == 2 and not marker.exists()
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert "architecture 'marker_decoder' is not registered" in err
+    assert str(PLUGIN) in err and "--plugin" in err
+
+
+def test_the_users_plugin_registers_the_architecture(plugin_export, marker, capsys):
+    code, out, _ = run_cli(capsys, "generate", str(plugin_export), "--prompt", "What", "--max-new-tokens", "3",
+                           "--temperature", "0", "--plugin", str(PLUGIN))
+    assert code == 0 and out.startswith("What") and marker.exists()
+
+
+def test_a_run_directorys_export_imports_the_runs_own_plugins(plugin_export, marker, tmp_path):
+    from longboat.recipes.artifact import open_artifact
+
+    run = tmp_path / "run"
+    run.mkdir()
+    plugin_export.rename(run / "export")
+    (run / "config.yaml").write_text(f"run_dir: {run}\nplugins: [{PLUGIN}]\ntrain: {{steps: 1}}\n")
+    assert open_artifact(run).arch == "marker_decoder" and marker.exists()
