@@ -108,7 +108,8 @@ def test_export_carries_statistics_and_ema_weights(reference):
     stats = json.loads((run / "export" / "normalization.json").read_text())
     assert set(stats) == {"state_mean", "state_std", "action_mean", "action_std"} and len(stats["action_std"]) == ACTION
     expected = outputs(ema_model(run / "checkpoints" / f"step_{STEPS:08d}"))
-    for source in (run, run / "export", run / "checkpoints" / f"step_{STEPS:08d}"):  # the run first: it imports its plugin
+    # The run first: opening it imports its plugin, which the export alone would not.
+    for source in (run, run / "export", run / "checkpoints" / f"step_{STEPS:08d}"):
         artifact = open_artifact(source)
         assert artifact.ema and artifact.task == "toy_policy"
         torch.testing.assert_close(outputs(artifact.model), expected, rtol=0, atol=0)

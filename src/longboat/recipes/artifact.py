@@ -112,7 +112,8 @@ def _open_export(path: Path) -> Artifact:
 def unregistered_architecture(source: Path, arch: object, plugins: tuple[str, ...]) -> str:
     """Why an export's architecture cannot be opened, and how to provide it: exports import none of their plugins."""
     if plugins:
-        trained = f"it was trained with the plugins {', '.join(map(repr, plugins))}, which opening an export never imports"
+        listed = ", ".join(map(repr, plugins))
+        trained = f"it was trained with the plugins {listed}, which opening an export never imports"
         example = plugins[0]
     else:
         trained, example = "it names no plugins", "MODULE_OR_FILE"
