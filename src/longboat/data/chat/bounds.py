@@ -4,18 +4,14 @@ A chat template is code from a model repository. Jinja's sandbox bounds what it 
 so ``BoundedSandbox`` refuses before allocating what would exceed ``MAX_CHARS`` (repetition with ``*``, a large
 ``**``, format widths, padding, ``replace``, ``join``, ``indent``), and checks every value a template keeps
 (assignments), passes to a call or gets from a call or filter, and the output macros and blocks buffer;
-``deadline`` stops a render that runs past its time (loops, recursion) from a watchdog thread, which costs a
-render a dict entry rather than a trace of its lines; ``render_bounded`` stops the output past ``MAX_CHARS``
-while it streams.
+``deadline`` stops a render that runs past its time (loops, recursion) from a watchdog thread
+(``longboat.utils.deadline``), which costs a render a dict entry rather than a trace of its lines;
+``render_bounded`` stops the output past ``MAX_CHARS`` while it streams.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import re
-import threading
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
@@ -23,6 +19,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from longboat.errors import LongboatError
+from longboat.utils.deadline import time_limit
 
 MAX_CHARS = 16 << 20  # the most characters a render writes, and the most any value it builds would write
 MAX_SECONDS = 2.0  # a render's time; real templates take well under a millisecond a conversation
@@ -233,90 +230,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return check_size(super().call(__context, __obj, *args, **kwargs), "the result of a call")
 
 
-class _PastDeadline(BaseException):
-    """Raised into a rendering thread by the watchdog; a BaseException, so no ``except Exception`` swallows it."""
-
-
-def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
-    """Have ``thread_id`` raise ``exc`` at its next bytecode (None: cancel one still pending)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
-
-
-class _Watchdog:
-    """One daemon thread that raises ``_PastDeadline`` in each thread whose render runs past its deadline.
-
-    Registering a render costs a dict entry under a lock; the thread is woken only when it has nothing to watch.
-    """
-
-    def __init__(self):
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)  # a forked loader worker starts a watchdog of its own
-
-    def _reset(self) -> None:
-        self._cond = threading.Condition()
-        self._deadlines: dict[int, float] = {}  # thread id -> when its render must have ended
-        self._fired: set[int] = set()
-        self._idle = True
-        self._thread: threading.Thread | None = None
-
-    def watch(self, thread_id: int, end: float) -> None:
-        with self._cond:
-            self._deadlines[thread_id] = end
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="longboat-template-deadline", daemon=True)
-                self._thread.start()
-            if self._idle:
-                self._cond.notify()
-
-    def release(self, thread_id: int) -> bool:
-        """Stop watching; whether the deadline had passed (an exception it raised that is still pending is
-        cancelled)."""
-        with self._cond:
-            self._deadlines.pop(thread_id, None)
-            if thread_id not in self._fired:
-                return False
-            self._fired.discard(thread_id)
-            _raise_in(thread_id, None)
-            return True
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                for thread_id in [t for t, end in self._deadlines.items() if end <= now]:
-                    del self._deadlines[thread_id]
-                    self._fired.add(thread_id)
-                    _raise_in(thread_id, _PastDeadline)
-                soonest = min(self._deadlines.values(), default=None)
-                self._idle = soonest is None
-                self._cond.wait(None if soonest is None else soonest - now)
-
-
-_WATCHDOG = _Watchdog()
-
-
 @contextmanager
 def deadline(seconds: float = MAX_SECONDS) -> Iterator[None]:
-    """Raise ``TemplateLimitError`` in this thread when its block runs past ``seconds``.
-
-    The watchdog thread raises into this one at its next bytecode: template loops and recursion stop wherever
-    they are (a single call into C, bounded by the size limits, finishes first).
-    """
-    thread_id = threading.get_ident()
-    _WATCHDOG.watch(thread_id, time.monotonic() + seconds)
-    message = f"the render ran past its limit of {seconds:g} s"
-    try:
+    """Raise ``TemplateLimitError`` in this thread when its block runs past ``seconds``: template loops and
+    recursion stop wherever they are (a single call into C, bounded by the size limits, finishes first)."""
+    with time_limit(seconds, lambda: TemplateLimitError(f"the render ran past its limit of {seconds:g} s")):
         yield
-    except _PastDeadline:
-        _WATCHDOG.release(thread_id)
-        raise TemplateLimitError(message) from None
-    finally:
-        try:
-            passed = _WATCHDOG.release(thread_id)
-        except _PastDeadline:  # raised as the render ended, before it could be cancelled
-            passed = _WATCHDOG.release(thread_id) or True
-        if passed:
-            raise TemplateLimitError(message)
 
 
 def render_bounded(chunks: Iterator[str]) -> str:
