@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from longboat.cli.main import main
-from longboat.models import registry
+from longboat.models import footprint, registry
 from tests.conftest import REPO
 
 PLUGIN = REPO / "tests" / "plugins" / "marker_decoder.py"
@@ -69,3 +69,28 @@ def test_a_run_directorys_export_imports_the_runs_own_plugins(plugin_export, mar
     plugin_export.rename(run / "export")
     (run / "config.yaml").write_text(f"run_dir: {run}\nplugins: [{PLUGIN}]\ntrain: {{steps: 1}}\n")
     assert open_artifact(run).arch == "marker_decoder" and marker.exists()
+
+
+def with_model_fields(export, out, **fields):
+    shutil.copytree(export, out)
+    meta = json.loads((out / "longboat_config.json").read_text())
+    meta["model"].update(fields)
+    (out / "longboat_config.json").write_text(json.dumps(meta))
+    return out
+
+
+def test_a_model_too_large_for_the_memory_fails_before_allocating(chat_export, tmp_path, capsys):
+    wide = with_model_fields(chat_export, tmp_path / "wide", d_model=4_000_000, ffn_dim=16_000_000)
+    code, _, err = run_cli(capsys, "generate", str(wide), "--prompt", "hi")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: {wide / 'longboat_config.json'}: the model has ") and "parameters" in err
+    assert "of memory available on cpu" in err
+
+
+@pytest.mark.parametrize("fields", [{"d_model": 10**30}, {"n_layers": 10**12}])
+def test_a_size_that_cannot_be_built_fails_in_one_line(chat_export, tmp_path, capsys, monkeypatch, fields):
+    monkeypatch.setattr(footprint, "MAX_MODULES", 500)  # the refusal of a billion layers, sooner
+    bad = with_model_fields(chat_export, tmp_path / "bad", **fields)
+    code, _, err = run_cli(capsys, "generate", str(bad), "--prompt", "hi")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: {bad / 'longboat_config.json'}: ")

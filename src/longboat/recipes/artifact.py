@@ -4,7 +4,8 @@
 export is read from its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights
 when it has them and the task's assets rebuilt from the task's saved state; a Hugging Face directory through the
 spec that reads its ``model_type``, with its tokenizer and generation config as assets. A LoRA run's checkpoint is
-rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture.
+rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture. Every model is
+first counted on the meta device: one that cannot fit in the memory available is refused before allocating.
 
 Opening an export runs no code from it: the plugins it records are information only, and its architecture must
 already be registered (by longboat, an installed package's ``longboat.plugins`` entry point, or plugins the user
@@ -24,6 +25,7 @@ from longboat.checkpoint.integrity import COMPLETE_MARKER
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
 from longboat.models import ModelSpec, get_model, hf_spec, model_names
+from longboat.models.footprint import check_config_fits
 from longboat.models.lora import LoRAConfig, apply_lora, merge_lora
 from longboat.recipes.config import load_run_dir_config, load_run_dir_plugins
 from longboat.utils.plugins import load_entry_points
@@ -102,6 +104,7 @@ def _open_export(path: Path) -> Artifact:
         raise ExportError(unregistered_architecture(path / EXPORT_CONFIG, meta.get("arch"), plugins))
     spec = get_model(meta["arch"])
     cfg = validate(spec.config, meta["model"], str(path / EXPORT_CONFIG), prefix="model")
+    check_config_fits(spec, cfg, path / EXPORT_CONFIG)
     model = spec.build(cfg)
     load_export_weights(path, model)
     assets = {name: path / name for name in meta["assets"]}
@@ -124,6 +127,8 @@ def unregistered_architecture(source: Path, arch: object, plugins: tuple[str, ..
 
 def _open_hf(path: Path) -> Artifact:
     spec = hf_spec(path)  # names the file when config.json's model_type is not one longboat reads
+    source = path / HF_CONFIG
+    check_config_fits(spec, validate(spec.config, spec.hf.config_fields(path), str(source), prefix="model"), source)
     model, cfg, family, assets = spec.hf.load(path)
     return Artifact(spec.name, cfg, model.eval(), None, dict(assets), path, hf_family=family)
 
@@ -133,6 +138,7 @@ def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:
 
     resolved = load_run_dir_config(run_dir)
     lora = resolved.cfg.lora
+    check_config_fits(resolved.spec, resolved.model, run_dir / "config.yaml")
     model = resolved.spec.build(resolved.model)
     if lora is not None:
         apply_lora(model, lora)

@@ -91,6 +91,7 @@ class ServedExport:
 
 def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> ServedExport:
     # Imported here: the model registry takes seconds to import, which a --random-policy server does without.
+    from longboat.models.footprint import check_fits, measure
     from longboat.recipes.policy_bundle import open_policy
 
     directory = export_dir(path)
@@ -101,6 +102,8 @@ def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> 
     if unknown or unmapped:
         raise ConfigError(f"{directory}/policy.json: 'wire_keys' must map one wire key to each feature the policy "
                           f"reads ({sorted(observed)}); unknown: {unknown}, unmapped: {sorted(unmapped)}")
+    if torch.device(device).type != "cpu":  # built on the CPU, checked there; the device may hold less
+        check_fits(measure(bundle.policy), directory, device)
     return ServedExport(bundle, device)
 
 
