@@ -27,7 +27,7 @@ def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
 
 class _Watchdog:
     """One daemon thread that raises ``_PastDeadline`` in each thread whose block runs past its deadline; it is
-    woken only when it had nothing to watch."""
+    woken only by a deadline sooner than the one it sleeps until (blocks of one length in a row wake it once)."""
 
     def __init__(self):
         self._reset()
@@ -37,7 +37,7 @@ class _Watchdog:
         self._cond = threading.Condition()
         self._deadlines: dict[int, float] = {}  # thread id -> when its block must have ended
         self._fired: set[int] = set()
-        self._idle = True
+        self._wake_at: float | None = None  # when the watchdog wakes next; None: it sleeps until notified
         self._thread: threading.Thread | None = None
 
     def watch(self, thread_id: int, end: float) -> None:
@@ -46,7 +46,7 @@ class _Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="longboat-deadline", daemon=True)
                 self._thread.start()
-            if self._idle:
+            if self._wake_at is None or end < self._wake_at:
                 self._cond.notify()
 
     def release(self, thread_id: int) -> bool:
@@ -68,9 +68,8 @@ class _Watchdog:
                     del self._deadlines[thread_id]
                     self._fired.add(thread_id)
                     _raise_in(thread_id, _PastDeadline)
-                soonest = min(self._deadlines.values(), default=None)
-                self._idle = soonest is None
-                self._cond.wait(None if soonest is None else soonest - now)
+                self._wake_at = min(self._deadlines.values(), default=None)
+                self._cond.wait(None if self._wake_at is None else self._wake_at - now)
 
 
 _WATCHDOG = _Watchdog()
