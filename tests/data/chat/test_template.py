@@ -46,6 +46,10 @@ def test_exponential_recursion_is_stopped_in_any_thread():
     "{{ 'x' * 10**10 }}",                                   # repetition
     "{{ ['x'] * 9999999999 }}",
     "{{ 2 ** 10000000 }}",                                  # a huge integer
+    "{% set ns = namespace(a=2 ** 4000) %}{% for i in range(64) %}{% set ns.a = ns.a * ns.a %}{% endfor %}",
+    "{{ [1] | batch(9999999999, 'x') | list }}",           # padding a batch
+    "{{ messages | tojson(indent=9999999999) }}",
+    "{{ '{0:{1}}'.format(1, 9999999999) }}",                # a width taken from an argument
     "{{ 'x'.ljust(9999999999) }}",                          # padding
     "{{ 'x'|center(9999999999) }}",
     "{{ '%9999999999d' % 1 }}",                             # a format's width
@@ -71,6 +75,11 @@ def test_output_past_the_limit_is_refused():
     bomb = ChatTemplate("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}")
     with pytest.raises(ChatTemplateError, match=f"output passed the limit of {MAX_CHARS:,} characters"):
         bomb.render(HELLO)
+
+
+def test_a_template_that_raises_fails_in_one_line():
+    with pytest.raises(ChatTemplateError, match="the render failed: ZeroDivisionError: division by zero"):
+        ChatTemplate("{{ 1 / 0 }}").render(HELLO)
 
 
 def test_ordinary_templates_render_unchanged():

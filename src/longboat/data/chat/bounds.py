@@ -23,8 +23,9 @@ from longboat.utils.deadline import time_limit
 
 MAX_CHARS = 16 << 20  # the most characters a render writes, and the most any value it builds would write
 MAX_SECONDS = 2.0  # a render's time; real templates take well under a millisecond a conversation
-MAX_POWER_BITS = 4096  # the largest integer ``**`` may make
+MAX_INT_BITS = 1 << 16  # the largest integer ``*`` or ``**`` may make (python writes at most 4,300 digits anyway)
 _NUMBER = re.compile(r"\d+")
+_NESTED_FIELD = re.compile(r"\{[^{}]*:[^{}]*\{")  # a format spec holding a replacement field: {0:{1}}
 
 
 class TemplateLimitError(LongboatError, ValueError):
@@ -87,10 +88,13 @@ def _refuse_over(size: int, what: str) -> None:
 
 
 def _check_widths(fmt: Any, args: Any, what: str) -> None:
-    """Printf and ``str.format`` widths and precisions (digits in the format, ``*`` arguments) within the limit."""
-    numbers = [int(n) for n in _NUMBER.findall(fmt)] if isinstance(fmt, str) else []
-    values = args if isinstance(args, (tuple, list)) else (args,)
-    numbers += [v for v in values if isinstance(v, int) and not isinstance(v, bool)] if "*" in str(fmt) else []
+    """Printf and ``str.format`` widths and precisions within the limit: digits in the format, and the arguments
+    when the format takes widths from them (``%*d``, ``{0:{1}}``)."""
+    fmt = fmt if isinstance(fmt, str) else str(fmt)
+    numbers = [int(n) for n in _NUMBER.findall(fmt)]
+    if "*" in fmt or _NESTED_FIELD.search(fmt):
+        values = args if isinstance(args, (tuple, list)) else (args,)
+        numbers += [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     _refuse_over(max(numbers, default=0), what)
 
 
@@ -99,9 +103,11 @@ def _checked_binop(operator: str, left: Any, right: Any) -> None:
         for seq, n in ((left, right), (right, left)):
             if isinstance(seq, _SIZED) and isinstance(n, int):
                 _refuse_over(weight(seq) * max(n, 0), f"repeating a value {n:,} times")
+        if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise TemplateLimitError(f"a product of integers larger than the limit of {MAX_INT_BITS:,} bits")
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-        if max(abs(left), 1).bit_length() * right > MAX_POWER_BITS:
-            raise TemplateLimitError(f"{left} ** {right} is larger than the limit of {MAX_POWER_BITS} bits")
+        if max(abs(left), 1).bit_length() * right > MAX_INT_BITS:
+            raise TemplateLimitError(f"a power of integers larger than the limit of {MAX_INT_BITS:,} bits")
     elif operator == "%" and isinstance(left, str):
         _check_widths(left, right, "formatting with '%'")
 
@@ -154,11 +160,15 @@ def _filter_bounds(name: str, value: Any, rest: list) -> None:
         _checked_method(str(value).replace, (str(rest[0]), str(rest[1])), {})
     elif name == "format":
         _check_widths(value, rest, "the 'format' filter")
-    elif name == "tojson" and max(ints, default=0) > MAX_JSON_INDENT:
-        raise TemplateLimitError(f"tojson's indent is larger than {MAX_JSON_INDENT}")
+    elif name in ("batch", "slice"):
+        _refuse_over(max(ints, default=0), f"the '{name}' filter")
+    elif name == "tojson":
+        indent = max([*ints, *(len(v) for v in rest if isinstance(v, str))], default=0)
+        if indent > MAX_JSON_INDENT:
+            raise TemplateLimitError(f"tojson's indent is larger than the limit of {MAX_JSON_INDENT}")
 
 
-_AMPLIFYING = frozenset({"center", "indent", "wordwrap", "join", "replace", "format", "tojson"})
+_AMPLIFYING = frozenset({"center", "indent", "wordwrap", "join", "replace", "format", "tojson", "batch", "slice"})
 
 
 def _bounded_filter(name: str, func: Callable) -> Callable:

@@ -103,8 +103,9 @@ class ChatTemplate:
                 ))
         except (jinja2.exceptions.TemplateError, TemplateLimitError) as e:
             raise ChatTemplateError(f"{self.name}: {e}") from None
-        except (RecursionError, MemoryError, OverflowError) as e:
-            raise ChatTemplateError(f"{self.name}: the render failed: {type(e).__name__}") from None
+        except Exception as e:  # the template is code of its own: 1 / 0, 'a' + 1, a recursion too deep, ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ChatTemplateError(f"{self.name}: the render failed: {type(e).__name__}: {reason}") from None
 
 
 def _config_token(config: dict, key: str) -> str | None:
