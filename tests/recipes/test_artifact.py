@@ -94,3 +94,17 @@ def test_a_size_that_cannot_be_built_fails_in_one_line(chat_export, tmp_path, ca
     code, _, err = run_cli(capsys, "generate", str(bad), "--prompt", "hi")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith(f"error: {bad / 'longboat_config.json'}: ")
+
+
+@pytest.mark.parametrize("command", ["generate", "convert"])
+def test_a_hugging_face_config_too_large_fails_before_loading(chat_hf_dir, tmp_path, capsys, command):
+    wide = tmp_path / "hf"
+    shutil.copytree(chat_hf_dir, wide)
+    config = json.loads((wide / "config.json").read_text())
+    config.update(hidden_size=4_000_000, intermediate_size=16_000_000)
+    (wide / "config.json").write_text(json.dumps(config))
+    args = ["generate", str(wide)] if command == "generate" else ["convert", "hf-to-longboat", str(wide),
+                                                                   str(tmp_path / "out")]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: {wide / 'config.json'}: the model has ") and not (tmp_path / "out").exists()

@@ -125,10 +125,15 @@ def unregistered_architecture(source: Path, arch: object, plugins: tuple[str, ..
             f"through the 'longboat.plugins' entry points")
 
 
+def check_hf_fits(spec: ModelSpec, hf_dir: Path) -> None:
+    """Refuse a Hugging Face directory whose config.json asks for more memory than there is, before loading it."""
+    source = Path(hf_dir) / HF_CONFIG
+    check_config_fits(spec, validate(spec.config, spec.hf.config_fields(hf_dir), str(source), prefix="model"), source)
+
+
 def _open_hf(path: Path) -> Artifact:
     spec = hf_spec(path)  # names the file when config.json's model_type is not one longboat reads
-    source = path / HF_CONFIG
-    check_config_fits(spec, validate(spec.config, spec.hf.config_fields(path), str(source), prefix="model"), source)
+    check_hf_fits(spec, path)
     model, cfg, family, assets = spec.hf.load(path)
     return Artifact(spec.name, cfg, model.eval(), None, dict(assets), path, hf_family=family)
 
