@@ -55,7 +55,7 @@ def write_config(tmp_path, data, **train):
 
 def ema_model(checkpoint):
     """The model with the checkpoint's EMA weights (and its saved weights where the EMA has none: the stem)."""
-    artifact = open_artifact(checkpoint.parent.parent / "export")
+    artifact = open_artifact(checkpoint.parent.parent)  # the run directory: its config's plugin registers the model
     model = artifact.spec.build(artifact.config)
     state = model.state_dict()
     dcp.load({"train": {"model": state}}, checkpoint_id=checkpoint)
@@ -108,6 +108,7 @@ def test_export_carries_statistics_and_ema_weights(reference):
     stats = json.loads((run / "export" / "normalization.json").read_text())
     assert set(stats) == {"state_mean", "state_std", "action_mean", "action_std"} and len(stats["action_std"]) == ACTION
     expected = outputs(ema_model(run / "checkpoints" / f"step_{STEPS:08d}"))
+    # The run first: opening it imports its plugin, which the export alone would not.
     for source in (run, run / "export", run / "checkpoints" / f"step_{STEPS:08d}"):
         artifact = open_artifact(source)
         assert artifact.ema and artifact.task == "toy_policy"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -140,3 +141,15 @@ def test_a_broken_template_fails_chat_only(plain_hf_dir, tmp_path, capsys):
     code, out, _ = run_cli(capsys, "generate", str(broken), "--prompt", "What is", "--temperature", "0",
                            "--max-new-tokens", "4")
     assert code == 0 and out.startswith("What is")
+
+
+@pytest.mark.timeout(60)
+def test_a_template_that_never_ends_fails_in_bounded_time(plain_hf_dir, tmp_path, capsys):
+    looping = tmp_path / "model"
+    shutil.copytree(plain_hf_dir, looping)
+    (looping / "chat_template.jinja").write_text(
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}")
+    start = time.monotonic()
+    code, out, err = run_cli(capsys, "generate", str(looping), "--chat", "--prompt", "hi")
+    assert code == 2 and out == "" and time.monotonic() - start < 30
+    assert err.startswith("error: ") and "ran past its limit" in err and len(err.strip().splitlines()) == 1

@@ -64,6 +64,13 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_plugins(args: argparse.Namespace) -> None:
+    """The plugins the user names (``--plugin``), imported before a model is opened."""
+    from longboat.utils.plugins import load_plugins
+
+    load_plugins(args.plugins)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from longboat.config.base import ConfigError
     from longboat.recipes.sampling import check_sampling
@@ -79,6 +86,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.chat and messages is None:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         messages.append({"role": "user", "content": args.prompt})
+    _load_plugins(args)
     loaded = load_for_inference(args.model)
     for i in range(args.num_samples):
         sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i)
@@ -99,6 +107,7 @@ def _chat(args: argparse.Namespace) -> int:
     from longboat.recipes.chat import ChatSession, run_chat
     from longboat.recipes.generate import load_for_inference
 
+    _load_plugins(args)
     loaded = load_for_inference(args.model)
     session = ChatSession(loaded, args.system, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                           args.seed)
@@ -112,6 +121,7 @@ def _eval_lm(args: argparse.Namespace) -> int:
     fields = ("data", "kind", "batch_size", "limit", "max_new_tokens", "chat", "normalize", "delimiter", "output",
               "overwrite")
     cfg = validate(EvalLMConfig, {k: getattr(args, k) for k in fields}, "eval-lm")
+    _load_plugins(args)
     run_eval_lm(args.model, cfg)
     return 0
 
@@ -142,6 +152,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from longboat.recipes.export import export_run
 
+    _load_plugins(args)
     print(f"exported to {export_run(args.source, args.output, args.overwrite)}")
     return 0
 
@@ -164,6 +175,7 @@ def _checkpoint_verify(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from longboat.recipes import convert
 
+    _load_plugins(args)
     if args.direction == "hf-to-longboat":
         out = convert.hf_to_longboat(args.source, args.output, args.dtype, args.overwrite)
     else:
@@ -196,6 +208,8 @@ def _serve(args: argparse.Namespace) -> int:
     check_host(cfg.host)
     device = resolve_device(args.device)
     set_cpu_threads(args.threads)
+    if args.path is not None:
+        _load_plugins(args)
     policy = random_policy(args.random_policy, device) if args.path is None else open_served_policy(args.path, device)
     serve(policy, cfg, verbose=args.verbose, exit_with_stdin=args.exit_with_stdin)
     return 0
@@ -217,6 +231,12 @@ def _add_overwrite(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing non-empty output directory (never the source, a run "
                              "directory or a checkpoint)")
+
+
+def _add_plugins(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], dest="plugins", metavar="MODULE_OR_FILE",
+                        help="import this module or .py file first, to register the model's architecture (and "
+                             "what else it needs); repeatable. The plugins an export lists are never imported")
 
 
 def _add_sampling(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -254,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                         'it; implies --chat')
     _add_sampling(p, max_new_tokens=128)
     p.add_argument("--num-samples", type=int, default=1, help="at least 1")
+    _add_plugins(p)
     p.set_defaults(func=_generate)
 
     p = sub.add_parser("chat", help="talk with a model in the terminal (or through piped stdin)",
@@ -262,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
     p.add_argument("--system", default=None, help="system message")
     _add_sampling(p, max_new_tokens=512)
+    _add_plugins(p)
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("eval-lm", help="score a language model on an exact-match or multiple-choice JSONL file")
@@ -282,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(empty with --chat)")
     p.add_argument("--output", default=None, metavar="results.json", help="write metrics and per-item predictions")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    _add_plugins(p)
     p.set_defaults(func=_eval_lm)
 
     p = sub.add_parser("eval", help="evaluate a robot policy in closed loop (`eval CONFIG`), or compare two runs "
@@ -300,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="run dir or run_dir/checkpoints/step_N")
     p.add_argument("--output", required=True)
     _add_overwrite(p)
+    _add_plugins(p)
     p.set_defaults(func=_export)
 
     p = sub.add_parser("checkpoint", help="check checkpoints: `checkpoint verify PATH`")
@@ -320,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HF model_type to write (longboat-to-hf; default: the source's, else implied by the config)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (longboat-to-hf)")
     _add_overwrite(p)
+    _add_plugins(p)
     p.set_defaults(func=_convert)
 
     p = sub.add_parser("quickstart", help="train a small model on Shakespeare and print samples (5-15 minutes on 2 CPU cores)")
@@ -350,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-with-stdin", action="store_true",
                    help="stop gracefully when stdin reaches its end: a process that starts the server and holds the "
                         "pipe to its stdin ends it by ending, however it ends")
+    _add_plugins(p)
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("models", help="list the model presets")

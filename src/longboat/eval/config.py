@@ -30,6 +30,8 @@ class ServeConfig(StrictModel):
     max_batch: int = Field(default=32, gt=0)
     threads: int | None = Field(default=None, gt=0)
     startup_timeout_s: float = Field(default=120.0, gt=0)
+    plugins: list[str] = Field(default_factory=list, description="modules or .py files the server imports to "
+                               "register the policy's architecture (an export's own list is never imported)")
     verbose: bool = Field(default=False, description="server.log also gets each connection opened and closed and "
                           "each health check")
     host: str = Field(default="127.0.0.1", description="where the server listens: on a Ray cluster of several "

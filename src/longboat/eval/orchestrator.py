@@ -246,10 +246,12 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     from longboat.recipes.serve import export_dir
 
     s = cfg.serve
-    args = [str(export_dir(cfg.policy)), "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
+    export_dir(cfg.policy)  # the export, or a run directory's (whose config's plugins the server imports)
+    args = [cfg.policy, "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []
     args += ["--verbose"] if s.verbose else []
+    args += [arg for plugin in s.plugins for arg in ("--plugin", plugin)]
     manager = stack.enter_context(ServerManager(args, out / "server.log", host=s.host,
                                                 startup_timeout_s=s.startup_timeout_s))
     return f"ws://{manager.host}:{manager.port}"

@@ -4,7 +4,13 @@
 export is read from its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights
 when it has them and the task's assets rebuilt from the task's saved state; a Hugging Face directory through the
 spec that reads its ``model_type``, with its tokenizer and generation config as assets. A LoRA run's checkpoint is
-rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture.
+rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture. Every model is
+first counted on the meta device: one that cannot fit in the memory available is refused before allocating.
+
+Opening an export runs no code from it: the plugins it records are information only, and its architecture must
+already be registered (by longboat, an installed package's ``longboat.plugins`` entry point, or plugins the user
+loads, e.g. ``--plugin``). A run directory and its checkpoints are the user's own runs: opening them imports the
+plugins of the run's ``config.yaml``, as training did.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from longboat.checkpoint.catalog import latest_checkpoint
 from longboat.checkpoint.integrity import COMPLETE_MARKER
 from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_weights, read_export_config
 from longboat.config.base import ConfigError, StrictModel, validate
-from longboat.models import ModelSpec, get_model, hf_spec
+from longboat.models import ModelSpec, get_model, hf_spec, model_names
+from longboat.models.footprint import check_config_fits
 from longboat.models.lora import LoRAConfig, apply_lora, merge_lora
-from longboat.recipes.config import load_run_dir_config
-from longboat.utils.plugins import load_plugins
+from longboat.recipes.config import load_run_dir_config, load_run_dir_plugins
+from longboat.utils.plugins import load_entry_points
 
 HF_CONFIG = "config.json"
 
@@ -67,10 +74,13 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such export, run directory, checkpoint or Hugging Face directory")
+    load_entry_points()
     if (path / EXPORT_CONFIG).is_file():
         return _open_export(path)
     run_export = path / "export" / EXPORT_CONFIG
     if run_export.is_file() and not (prefer_checkpoint and latest_checkpoint(path / "checkpoints")):
+        if (path / "config.yaml").is_file():  # a run directory: the user's own run, its plugins as in training
+            load_run_dir_plugins(path)
         return _open_export(path / "export")
     if (path / COMPLETE_MARKER).is_file():  # run_dir/checkpoints/step_N
         return _open_checkpoint(path.parent.parent, path)
@@ -86,13 +96,15 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
 
 
 
-
 def _open_export(path: Path) -> Artifact:
     meta = read_export_config(path)
-    plugins = tuple(meta.get("plugins") or ())
-    load_plugins(list(plugins))
+    recorded = meta.get("plugins") or ()
+    plugins = tuple(p for p in recorded if isinstance(p, str)) if isinstance(recorded, list) else ()
+    if meta.get("arch") not in model_names():
+        raise ExportError(unregistered_architecture(path / EXPORT_CONFIG, meta.get("arch"), plugins))
     spec = get_model(meta["arch"])
     cfg = validate(spec.config, meta["model"], str(path / EXPORT_CONFIG), prefix="model")
+    check_config_fits(spec, cfg, path / EXPORT_CONFIG)
     model = spec.build(cfg)
     load_export_weights(path, model)
     assets = {name: path / name for name in meta["assets"]}
@@ -100,8 +112,28 @@ def _open_export(path: Path) -> Artifact:
                     plugins, meta.get("hf_family"), meta.get("lora_merged"))
 
 
+def unregistered_architecture(source: Path, arch: object, plugins: tuple[str, ...]) -> str:
+    """Why an export's architecture cannot be opened, and how to provide it: exports import none of their plugins."""
+    if plugins:
+        listed = ", ".join(map(repr, plugins))
+        trained = f"it was trained with the plugins {listed}, which opening an export never imports"
+        example = plugins[0]
+    else:
+        trained, example = "it names no plugins", "MODULE_OR_FILE"
+    return (f"{source}: architecture {arch!r} is not registered (known: {', '.join(model_names())}); {trained}: pass "
+            f"the one that registers it yourself (--plugin {example}) or install a package that registers it "
+            f"through the 'longboat.plugins' entry points")
+
+
+def check_hf_fits(spec: ModelSpec, hf_dir: Path) -> None:
+    """Refuse a Hugging Face directory whose config.json asks for more memory than there is, before loading it."""
+    source = Path(hf_dir) / HF_CONFIG
+    check_config_fits(spec, validate(spec.config, spec.hf.config_fields(hf_dir), str(source), prefix="model"), source)
+
+
 def _open_hf(path: Path) -> Artifact:
     spec = hf_spec(path)  # names the file when config.json's model_type is not one longboat reads
+    check_hf_fits(spec, path)
     model, cfg, family, assets = spec.hf.load(path)
     return Artifact(spec.name, cfg, model.eval(), None, dict(assets), path, hf_family=family)
 
@@ -111,6 +143,7 @@ def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:
 
     resolved = load_run_dir_config(run_dir)
     lora = resolved.cfg.lora
+    check_config_fits(resolved.spec, resolved.model, run_dir / "config.yaml")
     model = resolved.spec.build(resolved.model)
     if lora is not None:
         apply_lora(model, lora)

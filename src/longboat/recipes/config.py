@@ -105,6 +105,13 @@ def load_run_config(path: str | os.PathLike, overrides: list[str] = (), from_dat
     return resolve(raw, source=str(path), base_dir=Path(path).parent, from_data=from_data)
 
 
+def load_run_dir_plugins(run_dir: str | os.PathLike) -> None:
+    """Import the plugins a run directory's ``config.yaml`` names: the run is the user's own, as its config is."""
+    path = Path(run_dir) / "config.yaml"
+    plugins = load_yaml(path).get("plugins") or []
+    load_plugins(plugins if isinstance(plugins, list) else [plugins], base_dir=path.parent)
+
+
 def load_run_dir_config(run_dir: str | os.PathLike) -> ResolvedRun:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():

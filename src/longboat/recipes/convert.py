@@ -10,7 +10,7 @@ from longboat.checkpoint.export import WEIGHTS, save_export
 from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILE
 from longboat.models import hf_spec
-from longboat.recipes.artifact import export_metadata, open_artifact
+from longboat.recipes.artifact import check_hf_fits, export_metadata, open_artifact
 from longboat.recipes.export import read_paths
 from longboat.utils.outputs import check_output, staged_output
 
@@ -22,6 +22,7 @@ def hf_to_longboat(hf_dir: str | Path, output: str | Path, dtype: str | None = N
     """
     check_output(output, overwrite, [hf_dir])  # before the model is read, which may take long
     spec = hf_spec(hf_dir)
+    check_hf_fits(spec, hf_dir)
     model, cfg, family, assets = spec.hf.load(hf_dir, dtype)
     return save_export(output, model, spec.name, cfg.model_dump(mode="json"), assets,
                        extra={**export_metadata(None, [], False), "hf_family": family, "source": str(hf_dir)},

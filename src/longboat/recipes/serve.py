@@ -1,7 +1,8 @@
 """``longboat serve``: a policy export (or a run directory's export) behind the openpi websocket protocol.
 
 What is served is always an export (safetensors, JSON, the transform pipeline's files): a checkpoint must be
-exported first, so the server never reads a pickle.
+exported first, so the server never reads a pickle. Nor does it import the plugins an export lists: its
+architecture comes registered (``--plugin``, an installed package), or from a run directory's own config.
 
 ``ServedExport`` adapts a ``PolicyBundle`` to the server. Per batch: each request's wire keys become dataset
 features (``policy.json``'s ``wire_keys``), images become float [C, H, W] in [0, 1] as the dataset hands them to
@@ -91,16 +92,19 @@ class ServedExport:
 
 def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> ServedExport:
     # Imported here: the model registry takes seconds to import, which a --random-policy server does without.
+    from longboat.models.footprint import check_fits, measure
     from longboat.recipes.policy_bundle import open_policy
 
     directory = export_dir(path)
-    bundle = open_policy(directory)
+    bundle = open_policy(path)  # a run directory's export, with the plugins of the run's own config
     observed = {*bundle.config.image_features, bundle.config.state_feature} - {None}
     unknown = [f for f in bundle.wire_keys.values() if f not in observed]
     unmapped = observed - {*bundle.wire_keys.values()}
     if unknown or unmapped:
         raise ConfigError(f"{directory}/policy.json: 'wire_keys' must map one wire key to each feature the policy "
                           f"reads ({sorted(observed)}); unknown: {unknown}, unmapped: {sorted(unmapped)}")
+    if torch.device(device).type != "cpu":  # built on the CPU, checked there; the device may hold less
+        check_fits(measure(bundle.policy), directory, device)
     return ServedExport(bundle, device)
 
 

@@ -5,6 +5,9 @@ untrusted), ``trim_blocks``/``lstrip_blocks``, loop controls, a ``tojson`` filte
 ``raise_exception``, ``strftime_now``, and the ``{% generation %}`` block (rendered as its body). The tokenizer's
 special tokens (``bos_token``, ``eos_token``, ...) are visible to the template, so the rendered text tokenized
 without added special tokens gives the same ids as ``apply_chat_template(..., tokenize=True)``.
+
+A template is code, so its render is bounded (``longboat.data.chat.bounds``): in time, in output, and in the size
+of every value it builds; past a limit it fails with a ``ChatTemplateError`` instead of spinning or allocating.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import Any, Sequence
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from longboat.data.chat.bounds import BoundedSandbox, TemplateLimitError, deadline, render_bounded
 from longboat.errors import LongboatError
 
 Message = dict[str, Any]
@@ -55,9 +58,8 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=32)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, loopcontrols])
-    env.filters["tojson"] = _tojson
+    env = BoundedSandbox(filters={"tojson": _tojson}, trim_blocks=True, lstrip_blocks=True,
+                         extensions=[_GenerationBlock, loopcontrols])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
@@ -94,12 +96,16 @@ class ChatTemplate:
                tools: list[dict] | None = None, documents: list[dict] | None = None, **kwargs: Any) -> str:
         """The conversation as the model sees it (extra ``kwargs`` such as ``enable_thinking`` reach the template)."""
         try:
-            return self._template.render(
-                messages=list(messages), tools=tools, documents=documents,
-                add_generation_prompt=add_generation_prompt, **self.special_tokens, **kwargs,
-            )
-        except jinja2.exceptions.TemplateError as e:
+            with deadline():
+                return render_bounded(self._template.generate(
+                    messages=list(messages), tools=tools, documents=documents,
+                    add_generation_prompt=add_generation_prompt, **self.special_tokens, **kwargs,
+                ))
+        except (jinja2.exceptions.TemplateError, TemplateLimitError) as e:
             raise ChatTemplateError(f"{self.name}: {e}") from None
+        except Exception as e:  # the template is code of its own: 1 / 0, 'a' + 1, a recursion too deep, ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ChatTemplateError(f"{self.name}: the render failed: {type(e).__name__}: {reason}") from None
 
 
 def _config_token(config: dict, key: str) -> str | None:
