@@ -19,8 +19,8 @@ import pytest
 from longboat.checkpoint.export import save_export
 from longboat.cli.main import main
 from longboat.utils.interrupt import Interrupted
-from longboat.utils.outputs import (OutputError, OutputPlaceError, check_file_output, check_output, staged_file,
-                                    staged_files, staged_output)
+from longboat.utils.outputs import (OutputError, OutputPlaceError, check_file_output, check_output, replace_file,
+                                    staged_file, staged_files, staged_output)
 from tests.conftest import run_longboat, tiny_run_args
 
 
@@ -291,3 +291,11 @@ def test_a_place_the_os_refuses_is_a_world_error(tmp_path):
             with stage:
                 pytest.fail("nothing is staged where the OS refuses")
     assert OutputPlaceError.exit_code == 1 and os.listdir(tmp_path) == ["file"]
+
+
+def test_a_file_the_command_owns_is_replaced_whole(tmp_path):
+    run_json = tmp_path / "run.json"
+    replace_file(run_json, '{"seeds": [0]}\n')
+    with pytest.raises(UnicodeEncodeError):
+        replace_file(run_json, '{"task": "\ud800"}\n')  # fails half-way through writing
+    assert run_json.read_text() == '{"seeds": [0]}\n' and os.listdir(tmp_path) == ["run.json"]

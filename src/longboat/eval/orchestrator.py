@@ -55,14 +55,15 @@ def policy_info(cfg: EvalConfig) -> PolicyInfo:
     obs = cfg.observation
     manifest: dict = {}
     if not cfg.is_url:
+        from longboat.models.policy.manifest import POLICY_SPEC, read_policy_manifest
         from longboat.recipes.serve import export_dir
-        from longboat.tasks.policy import POLICY_SPEC
 
         path = export_dir(cfg.policy) / POLICY_SPEC
         try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{path}: cannot read the policy's manifest ({e})") from None
+            content = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the policy's manifest ({e.strerror or e})") from None
+        manifest = read_policy_manifest(content, str(path))
     elif obs is None:
         raise ConfigError(f"policy {cfg.policy} is a URL: the config needs 'observation' (cameras, image_size, "
                           "state_dim) to know what to render")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from longboat.utils.outputs import replace_file
+
 REPORT_FILE = "report.html"
 _W, _BAR_H = 640, 28
 
@@ -96,6 +98,4 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} figure{{display:
 <h2>Episodes</h2>{"".join(videos) or "<p>no videos</p>"}
 </body></html>
 """
-    path = directory / REPORT_FILE
-    path.write_text(page, encoding="utf-8")
-    return path
+    return replace_file(directory / REPORT_FILE, page)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from longboat.config.base import ConfigError
+from longboat.utils.outputs import replace_file
 from longboat.utils.stats import wilson_interval
 
 RESULTS_FILE, SUMMARY_FILE, RUN_FILE = "results.jsonl", "summary.json", "run.json"
@@ -114,7 +115,4 @@ def write_summary(directory: Path, summary: dict) -> Path:
 
 def write_json(path: Path, data: dict) -> Path:
     """``path`` whole or not at all: written beside it, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return replace_file(path, json.dumps(data, indent=2) + "\n")

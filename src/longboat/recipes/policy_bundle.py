@@ -8,7 +8,6 @@ pipeline's inverse. A policy server calls this per batch of requests; action que
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,8 @@ from longboat.data.robot.transforms.export import TRANSFORMS_CONFIG, TRANSFORMS_
 from longboat.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
 from longboat.errors import LongboatError
 from longboat.models.policy.base import Policy, PolicyConfig
+from longboat.models.policy.manifest import POLICY_SPEC, read_policy_manifest
 from longboat.recipes.artifact import Artifact, open_artifact
-from longboat.tasks.policy import POLICY_SPEC
 from longboat.tasks.policy_data import PromptTokens, observation_keys
 
 
@@ -88,7 +87,7 @@ def open_policy(path: str | Path) -> PolicyBundle:
     artifact = open_artifact(path)
     if not isinstance(artifact.model, Policy):
         raise ExportError(f"{artifact.source}: holds a '{artifact.arch}' model, not a policy")
-    spec = json.loads(_asset_bytes(artifact, POLICY_SPEC))
+    spec = read_policy_manifest(_asset_bytes(artifact, POLICY_SPEC), f"{artifact.source}/{POLICY_SPEC}")
     pipeline = pipeline_from_assets(_asset_bytes(artifact, TRANSFORMS_CONFIG), _asset_bytes(artifact, TRANSFORMS_STATS),
                                     f"{artifact.source}/{TRANSFORMS_CONFIG}")
     prompts = None

@@ -30,6 +30,7 @@ from longboat.trainer.optim import freeze_outside
 from longboat.trainer.trainer import DataParallel, FitResult, Trainer
 from longboat.utils.device import set_threads
 from longboat.utils.logging import console
+from longboat.utils.outputs import replace_file
 from longboat.utils.provenance import provenance
 from longboat.utils.run_lock import RunDirLock
 from longboat.utils.seeding import seed_everything
@@ -70,8 +71,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     cfg, task, spec = resolved.cfg, resolved.task, resolved.spec
     run_dir = Path(cfg.run_dir)
     if runtime.rank == 0:
-        (run_dir / "config.yaml").write_text(resolved.to_yaml())  # after preflight found it fits the checkpoints
-        (run_dir / "provenance.json").write_text(json.dumps(provenance(), indent=2) + "\n")
+        replace_file(run_dir / "config.yaml", resolved.to_yaml())  # after preflight found it fits the checkpoints
+        replace_file(run_dir / "provenance.json", json.dumps(provenance(), indent=2) + "\n")
     set_threads(cfg.train.threads)
     seed_everything(cfg.seed)
     mesh: ParallelMesh | None = build_mesh(cfg.parallel, runtime.device.type) if runtime.distributed else None

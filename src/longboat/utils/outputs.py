@@ -164,6 +164,21 @@ def staged_files(targets: Iterable[str | os.PathLike], overwrite: bool = False,
             raise
 
 
+def replace_file(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a file this command owns (a run's ``config.yaml``, an evaluation's ``run.json`` or
+    report): into a hidden sibling first, then renamed over ``path``, so a reader or a crash sees the old file or
+    the new one, never half of either."""
+    path = Path(path)
+    stage = _sibling(path, "partial")
+    try:
+        stage.write_text(text, encoding="utf-8")
+        os.replace(stage, path)
+    except BaseException:
+        stage.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def check_place(target: str | os.PathLike) -> None:
     """Raise :class:`OutputPlaceError` unless something can be created beside ``target`` (its missing parents are
     made): for a command that writes in its own way, checked before its long work starts."""
