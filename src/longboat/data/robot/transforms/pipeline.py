@@ -109,7 +109,8 @@ def _validate_spec(spec: Any, source: str, where: str) -> tuple[type[Transform],
         close = difflib.get_close_matches(str(name), transform_names(), n=1, cutoff=0.6)
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise ConfigError(f"{source}: '{where}.type': unknown transform {name!r}; {hint}"
-                          f"known transforms: {', '.join(transform_names())}")
+                          f"known transforms: {', '.join(transform_names())} (one of your own registers through "
+                          f"--plugin or the config's plugins:)")
     kind = get_transform(name)
     return kind, validate(kind.Config, {k: v for k, v in spec.items() if k != "type"}, source, where)
 
