@@ -398,7 +398,8 @@ def test_an_export_carries_the_pipeline(pipeline, tmp_path):
 @pytest.mark.parametrize("specs, message", [
     ([{"type": "normalise", "features": {ACTION: "mean_std"}}],
      r"^config: 'transforms\[0\].type': unknown transform 'normalise'; did you mean 'normalize'\? known transforms: "
-     r"center_crop, color_jitter, .*resize_pad, select_dims$"),
+     r"center_crop, color_jitter, .*resize_pad, select_dims \(one of your own registers through --plugin or the "
+     r"config's plugins:\)$"),
     ([{"keys": [TOP]}], r"^config: 'transforms\[0\]' has no 'type'; known transforms: center_crop"),
     ({"type": "normalize"}, r"^config: 'transforms' must be a list of transforms, got dict$"),
     ([{"type": "resize_pad", "keys": [TOP], "sise": [2, 2]}],
