@@ -7,7 +7,7 @@ import pytest
 from longboat.config.base import ConfigError
 from longboat.data.robot.record import make_env
 from longboat.eval.runners import ObservationSpec, make_runner
-from longboat.eval.runners.base import FRAME_INFO
+from longboat.eval.runners.base import FRAME_INFO, RunnerSetupError
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +118,11 @@ def test_sizes_known_before_an_env_are_the_envs(benchmark):
             assert runner.sizes(task) == (env.state_dim, env.action_dim), task
         finally:
             env.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_camera_the_simulator_lacks_is_one_error(mode):
+    """A setup the envs refuse reaches ``longboat eval`` as its own error, from a worker process too."""
+    spec = ObservationSpec(wire_keys={}, cameras={"top": "nope"}, image_size=16, video_camera="nope")
+    with pytest.raises(RunnerSetupError, match=r"^metaworld:reach-v3 has no camera nope; its cameras: corner, "):
+        make_runner("metaworld", spec).make_vector_env("reach-v3", 2, mode).close()

@@ -19,10 +19,15 @@ from typing import Callable, Literal
 import numpy as np
 
 from longboat.data.robot.record.optional import import_simulator
+from longboat.errors import LongboatError
 
 STATE_FEATURE = "observation.state"
 IMAGE_PREFIX = "observation.images."
 FRAME_INFO = "frame"  # step/reset info of an episode recorded on video: the video camera's frame
+
+
+class RunnerSetupError(LongboatError, ValueError):
+    """The benchmark's environments cannot give what the policy reads (a camera, a state size)."""
 
 
 @dataclass(frozen=True)

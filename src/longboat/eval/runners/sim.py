@@ -12,7 +12,7 @@ from longboat.data.robot.record.metaworld_env import adopt_benchmark, benchmark
 from longboat.data.robot.record.optional import import_simulator
 from longboat.data.robot.record.registry import SIMULATORS, make_env
 from longboat.eval.runners.base import (FRAME_INFO, IMAGE_PREFIX, STATE_FEATURE, ObservationSpec, Runner,
-                                        register_runner)
+                                        RunnerSetupError, register_runner)
 
 
 def _sim_task_env(env_name: str, spec: ObservationSpec, bounds: tuple[float, float]):
@@ -29,11 +29,11 @@ def _sim_task_env(env_name: str, spec: ObservationSpec, bounds: tuple[float, flo
             self.video_camera = spec.video_camera or self.sim.cameras[0]
             self.state_dim = spec.state_dim or self.sim.state_dim
             if self.state_dim < self.sim.state_dim:
-                raise ValueError(f"{env_name}: the policy reads a state of {self.state_dim}, the simulator gives "
+                raise RunnerSetupError(f"{env_name}: the policy reads a state of {self.state_dim}, the simulator gives "
                                  f"{self.sim.state_dim}")
-            missing = [c for c in [*self.cameras.values(), self.video_camera] if c not in self.sim.cameras]
+            missing = [c for c in dict.fromkeys([*self.cameras.values(), self.video_camera]) if c not in self.sim.cameras]
             if missing:
-                raise ValueError(f"{env_name} has no camera {', '.join(missing)}; its cameras: "
+                raise RunnerSetupError(f"{env_name} has no camera {', '.join(missing)}; its cameras: "
                                  f"{', '.join(self.sim.cameras)}")
             size = spec.image_size
             self.observation_space = spaces.Dict({
