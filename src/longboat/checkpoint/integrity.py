@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 from longboat.checkpoint.errors import CheckpointError
+from longboat.utils.json_files import read_json_object
 
 MANIFEST = "checkpoint.json"
 COMPLETE_MARKER = "COMPLETE"
@@ -109,13 +110,7 @@ def read_manifest(path: str | os.PathLike) -> dict | None:
     file = Path(path) / MANIFEST
     if not file.is_file():
         return None
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{file}: unreadable ({e})") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{file}: expected a JSON object")
-    return manifest
+    return read_json_object(file, CheckpointError)
 
 
 def checkpoint_problem(path: str | os.PathLike) -> str | None:
