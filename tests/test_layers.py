@@ -56,20 +56,20 @@ MODELS_ALLOWED = {
 KNOWN: set[str] = set()
 
 
-def module_name(path: Path) -> str:
-    parts = ["longboat", *path.relative_to(SRC).with_suffix("").parts]
+def module_name(path: Path, root: Path = SRC) -> str:
+    parts = ["longboat", *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_module(name: str) -> bool:
+def is_module(name: str, root: Path = SRC) -> bool:
     rel = Path(*name.split(".")[1:]) if "." in name else Path()
-    return (SRC / rel).with_suffix(".py").is_file() or (SRC / rel / "__init__.py").is_file()
+    return (root / rel).with_suffix(".py").is_file() or (root / rel / "__init__.py").is_file()
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
+def imports(path: Path, root: Path = SRC) -> list[tuple[int, str]]:
     """Every ``longboat`` module ``path`` imports, anywhere in the file, with its line; ``from pkg import sub`` names
     the submodule when ``sub`` is one."""
-    me = module_name(path)
+    me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -84,7 +84,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
                 target = node.module or ""
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                found.append((node.lineno, sub if target.startswith("longboat") and is_module(sub) else target))
+                found.append((node.lineno, sub if target.startswith("longboat") and is_module(sub, root) else target))
     return [(line, name) for line, name in found if name == "longboat" or name.startswith("longboat.")]
 
 
@@ -127,9 +127,21 @@ def test_known_exceptions_are_still_real():
 
 
 def test_the_scan_sees_relative_and_function_level_imports(tmp_path):
-    """The scanner resolves relative imports and finds imports inside functions (a scan that missed them would
-    pass vacuously)."""
-    names = {name for _, name in imports(SRC / "models" / "__init__.py")}
-    assert {"longboat.models.llm", "longboat.models.policy", "longboat.models.registry"} <= names
+    """The scanner resolves relative imports, names the submodule ``from pkg import sub`` takes, and finds imports
+    inside functions (a scan that missed them would pass vacuously)."""
+    for folder in ("eval", "recipes"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "recipes" / "serve.py").write_text("")
+    (tmp_path / "eval" / "client.py").write_text("")
+    (tmp_path / "eval" / "orchestrator.py").write_text(
+        "from . import client\n"
+        "from ..recipes import serve\n"
+        "def run():\n"
+        "    from ..recipes.serve import export_dir\n"
+        "    import longboat.recipes\n")
+    found = sorted(imports(tmp_path / "eval" / "orchestrator.py", root=tmp_path))
+    assert found == [(1, "longboat.eval.client"), (2, "longboat.recipes.serve"), (4, "longboat.recipes.serve"),
+                     (5, "longboat.recipes")]
     nested = {name for _, name in imports(SRC / "models" / "llm" / "__init__.py")}
     assert "longboat.models.llm.parallel_plan" in nested  # imported inside _tensor_parallel_plan
