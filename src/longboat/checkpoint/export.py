@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_file, save_model
 
+from longboat.config.base import ConfigError
 from longboat.errors import LongboatError
 from longboat.utils.outputs import staged_output
 from longboat.utils.provenance import provenance
@@ -29,6 +30,16 @@ _READABLE_VERSIONS = (1, EXPORT_FORMAT_VERSION)
 
 class ExportError(LongboatError, ValueError):
     """An export directory is missing a file or does not describe a known model."""
+
+
+def find_export(path: str | os.PathLike) -> Path:
+    """The export that ``path`` names: itself, or a run directory's ``export/``."""
+    path = Path(path)
+    for candidate in (path, path / "export"):
+        if (candidate / EXPORT_CONFIG).is_file():
+            return candidate
+    raise ConfigError(f"{path}: not a policy export nor a run directory with one; a checkpoint is served after "
+                      f"`longboat export RUN_DIR --output DIR`")
 
 
 def save_export(

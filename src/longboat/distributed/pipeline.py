@@ -31,13 +31,13 @@ from longboat.distributed.full_state import full_model_state
 from longboat.distributed.layout_checks import (
     check_expert_parallel, check_microbatches, check_split, expert_modules, stage_layer_counts,
 )
+from longboat.distributed.loss import LossOutput, StagedLoss
 from longboat.distributed.mesh import ParallelMesh
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, materialize
 from longboat.distributed.pipeline_hooks import MICROBATCH, StageHooks, combine_aux
 from longboat.distributed.pipeline_tied import TiedWeights
 from longboat.distributed.pipeline_tp import apply_output_tensor_parallel, apply_stage_tensor_parallel, check_plan
 from longboat.models.registry import PipelineSplit
-from longboat.trainer.loss import LossOutput, StagedLoss
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 

@@ -22,7 +22,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from longboat.trainer.loss import StagedLoss
+from longboat.distributed.loss import StagedLoss
 
 MICROBATCH = "pipeline_microbatch"  # the keyword argument that tells a stage which micro-batch it runs
 

@@ -55,10 +55,10 @@ def policy_info(cfg: EvalConfig) -> PolicyInfo:
     obs = cfg.observation
     manifest: dict = {}
     if not cfg.is_url:
+        from longboat.checkpoint.export import find_export
         from longboat.models.policy.manifest import POLICY_SPEC, read_policy_manifest
-        from longboat.recipes.serve import export_dir
 
-        path = export_dir(cfg.policy) / POLICY_SPEC
+        path = find_export(cfg.policy) / POLICY_SPEC
         try:
             content = path.read_bytes()
         except OSError as e:
@@ -244,10 +244,10 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     if cfg.is_url:
         return cfg.policy
     from longboat.eval.server_manager import ServerManager
-    from longboat.recipes.serve import export_dir
+    from longboat.checkpoint.export import find_export
 
     s = cfg.serve
-    export_dir(cfg.policy)  # the export, or a run directory's (whose config's plugins the server imports)
+    find_export(cfg.policy)  # the export, or a run directory's (whose config's plugins the server imports)
     args = [cfg.policy, "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []

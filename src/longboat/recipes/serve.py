@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from longboat.checkpoint.export import EXPORT_CONFIG
+from longboat.checkpoint.export import find_export
 from longboat.config.base import ConfigError
 from longboat.eval.random_policy import RandomPolicy, load_random_policy_config
 from longboat.eval.served import (
@@ -29,16 +29,6 @@ from longboat.eval.server import PolicyServer, ServerConfig
 
 if TYPE_CHECKING:
     from longboat.recipes.policy_bundle import PolicyBundle
-
-
-def export_dir(path: str | Path) -> Path:
-    """The export that ``path`` names: itself, or a run directory's ``export/``."""
-    path = Path(path)
-    for candidate in (path, path / "export"):
-        if (candidate / EXPORT_CONFIG).is_file():
-            return candidate
-    raise ConfigError(f"{path}: not a policy export nor a run directory with one; a checkpoint is served after "
-                      f"`longboat export RUN_DIR --output DIR`")
 
 
 class ServedExport:
@@ -95,7 +85,7 @@ def open_served_policy(path: str | Path, device: str | torch.device = "cpu") -> 
     from longboat.models.footprint import check_fits, measure
     from longboat.recipes.policy_bundle import open_policy
 
-    directory = export_dir(path)
+    directory = find_export(path)
     bundle = open_policy(path)  # a run directory's export, with the plugins of the run's own config
     observed = {*bundle.config.image_features, bundle.config.state_feature} - {None}
     unknown = [f for f in bundle.wire_keys.values() if f not in observed]

@@ -16,9 +16,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from longboat.config.base import ConfigError, StrictModel
+from longboat.distributed.loss import LossFn
 from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.optim import ParamGroup
-from longboat.trainer.loss import LossFn
 
 
 @dataclass

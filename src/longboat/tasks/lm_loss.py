@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from longboat.data.labels import IGNORE_INDEX
-from longboat.trainer.loss import LossOutput, unwrap
+from longboat.distributed.loss import LossOutput, unwrap
 
 
 def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

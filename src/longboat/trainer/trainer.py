@@ -27,11 +27,11 @@ from torch.utils.data import Dataset
 from longboat.errors import LongboatError
 from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load_task_state
 from longboat.data.loader import EpochOrder, ResumableLoader
+from longboat.distributed.loss import LossFn, LossOutput, StagedLoss, unwrap  # noqa: F401  (the trainer's API)
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
 from longboat.trainer.grad_norm import clip_grad_norm
 from longboat.trainer.hooks import TrainerHooks
-from longboat.trainer.loss import LossFn, LossOutput, StagedLoss, unwrap  # noqa: F401  (the trainer's API)
 from longboat.trainer.metrics import MetricsWriter
 from longboat.trainer.mfu import cpu_bf16_is_slow, peak_flops
 from longboat.trainer.optim import ParamGroup, build_optimizer

@@ -1,5 +1,6 @@
-"""What a task hands the trainer: a loss function and its output (a module of its own, so tasks and configs load
-without the trainer's checkpointing and distributed machinery)."""
+"""What a task hands the trainer: a loss function and its output. It sits below the trainer because the pipeline
+schedule splits the loss and returns its output too; a module of its own, so tasks and configs load without the
+trainer's checkpointing and distributed machinery."""
 
 from __future__ import annotations
 
