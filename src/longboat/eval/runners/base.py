@@ -18,8 +18,10 @@ from typing import Callable, Literal
 
 import numpy as np
 
+from longboat.config.base import ConfigError
 from longboat.data.robot.record.optional import import_simulator
 from longboat.errors import LongboatError
+from longboat.utils.registry import Registry
 
 STATE_FEATURE = "observation.state"
 IMAGE_PREFIX = "observation.images."
@@ -105,13 +107,14 @@ class Runner(ABC):
         return "forkserver"
 
 
-RUNNERS: dict[str, Callable[[ObservationSpec], Runner]] = {}
+RUNNERS: Registry[Callable[[ObservationSpec], Runner]] = Registry(
+    "benchmark", "known", ConfigError, hint="one of your own registers through the eval config's plugins:")
 
 
 def register_runner(name: str):
     """Class decorator: the runner of benchmark ``name``."""
     def wrap(cls):
+        RUNNERS.register(name, cls)
         cls.name = name
-        RUNNERS[name] = cls
         return cls
     return wrap
