@@ -17,7 +17,7 @@ import yaml
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel
-from longboat.utils.registry import Registry, source_of
+from longboat.utils.registry import Registry
 
 
 class HFInterop(Protocol):
@@ -116,8 +116,8 @@ _MODELS: Registry[ModelSpec] = Registry("model architecture", "known", ConfigErr
 
 
 def register_model(spec: ModelSpec) -> ModelSpec:
-    # A spec is an instance: it is known by its module class (defined once), else by the code that registers it.
-    return _MODELS.register(spec.name, spec, source_of(spec.module), stacklevel=2)
+    # A spec is an instance: it is placed by the code that registers it (the same code run again is no error).
+    return _MODELS.register(spec.name, spec, stacklevel=2)
 
 
 def get_model(name: str) -> ModelSpec:

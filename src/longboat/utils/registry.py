@@ -26,16 +26,23 @@ class RegistryError(LongboatError, ValueError):
 
 def source_of(obj: object) -> str | None:
     """Where ``obj`` (a class or function) is defined, as ``module.Qualname (file:line)``; None when unknowable."""
+    found = _definition(obj)
+    if found is None:
+        return None
+    name, file, line = found
+    return f"{name} ({_short(file)}:{line})" if file else name
+
+
+def _definition(obj: object) -> tuple[str, str | None, int | None] | None:
+    """(``module.Qualname``, file, line) of the class or function ``obj`` (file and line None where unknowable)."""
     target = obj.func if isinstance(obj, functools.partial) else obj
     module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
     if not (isinstance(module, str) and isinstance(qualname, str)):
         return None
     try:
-        file = inspect.getsourcefile(target)
-        line = inspect.getsourcelines(target)[1]
+        return f"{module}.{qualname}", inspect.getsourcefile(target), inspect.getsourcelines(target)[1]
     except (OSError, TypeError):
-        return f"{module}.{qualname}"
-    return f"{module}.{qualname} ({_short(file)}:{line})"
+        return f"{module}.{qualname}", None, None
 
 
 def caller_source(stacklevel: int = 1) -> str:
@@ -73,12 +80,22 @@ class Registry(Generic[T]):
         if not isinstance(name, str) or not name:
             raise RegistryError(f"a {self.kind} needs a non-empty name, got {name!r}")
         source = source or source_of(obj) or caller_source(stacklevel)
-        if name in self._items and self._items[name] is not obj and self._sources[name] != source:
+        if name in self._items and not self._same(name, obj, source):
             raise RegistryError(f"{self.kind} '{name}' registered twice: first by {self._sources[name]}, "
                                 f"again by {source}; give one of them another name")
         self._items[name] = obj
         self._sources[name] = source
         return obj
+
+    def _same(self, name: str, obj: T, source: str) -> bool:
+        """Whether ``obj`` is what ``name`` holds, or the same definition run again: the same source, or a class or
+        function of the same name, file and line (its module imported a second time, under another name)."""
+        old = self._items[name]
+        if old is obj or self._sources[name] == source:
+            return True
+        here, there = _definition(old), _definition(obj)
+        return (here is not None and there is not None and here[1] is not None and here[1:] == there[1:]
+                and here[0].rpartition(".")[2] == there[0].rpartition(".")[2])
 
     def decorator(self, name: str, prepare: Callable[[T], None] | None = None) -> Callable[[T], T]:
         """A decorator that registers what it decorates as ``name`` (after ``prepare(obj)``, e.g. setting its name)
