@@ -152,6 +152,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     load_plugins(cfg.plugins)  # a config built in code: its plugins (each imported once per process)
     info = policy_info(cfg)
     runner = make_runner(cfg.benchmark, info.spec)
+    runner.plugins = tuple(cfg.plugins)
     known = runner.tasks()
     unknown = [t for t in cfg.tasks if t not in known]
     if unknown:
