@@ -109,7 +109,6 @@ class EvalConfig(StrictModel):
 
 def load_eval_config(path: str | Path, overrides: list[str] | None = None) -> EvalConfig:
     from longboat.config.base import apply_overrides
-
     from longboat.utils.plugins import load_plugins
 
     path = Path(path)
