@@ -71,3 +71,25 @@ def ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+POINT_PLUGIN = REPO / "tests" / "plugins" / "point_sim.py"
+
+
+@pytest.fixture
+def point_plugin():
+    """``tests/plugins/point_sim.py`` (a simulator, its runner and a transform); what it registers, and its module,
+    are gone after the test, so another test sees the registries as longboat fills them."""
+    from longboat.data.robot.record.registry import SIMULATORS
+    from longboat.data.robot.transforms import base as transforms_base
+    from longboat.eval.runners import RUNNERS
+
+    registries = (SIMULATORS, RUNNERS, transforms_base._TRANSFORMS)
+    before, modules = [set(r) for r in registries], set(sys.modules)
+    yield POINT_PLUGIN
+    for registry, names in zip(registries, before):
+        for name in set(registry) - names:
+            del registry[name]
+    for name in set(sys.modules) - modules:
+        if name.startswith("longboat_plugin_"):
+            del sys.modules[name]

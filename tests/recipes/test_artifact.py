@@ -21,7 +21,7 @@ def marker(tmp_path, monkeypatch):
     """The file the plugin writes when imported; the registry and the plugin's module restored afterwards."""
     path = tmp_path / "imported.txt"
     monkeypatch.setenv("LONGBOAT_TEST_PLUGIN_MARKER", str(path))
-    monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
+    monkeypatch.setattr(registry, "_MODELS", registry._MODELS.copy())
     before = set(sys.modules)
     yield path
     for name in set(sys.modules) - before:

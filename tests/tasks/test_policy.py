@@ -5,6 +5,7 @@ line before any work."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -226,3 +227,17 @@ def test_a_missing_video_of_a_later_episode_fails_the_check(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert f"data.path: {video}: video file of 'observation.images.cam' not found" in err
+
+
+def test_a_transform_from_a_plugin_passes_the_check(dataset, tmp_path, capsys, point_plugin):
+    """The run config's ``plugins:`` (relative to the config) registers the transform its pipeline names."""
+    config = tmp_path / "policy.yaml"
+    scale = {"type": "point_scale", "key": "action", "factor": 2.0}
+    fields = run_config(dataset, tmp_path, cameras=[], transforms=[NORMALIZE, scale], valid_fraction=0)
+    config.write_text(json.dumps(fields))
+    assert main(["train", str(config), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown transform 'point_scale'" in err and err.count("\n") == 1, err
+    config.write_text(json.dumps({**fields, "plugins": [os.path.relpath(point_plugin, tmp_path)]}))
+    assert main(["train", str(config), "--check"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("ok: task policy · model mlp")

@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "more environments into one LeRobot v3.0 dataset.",
     )
     rec.add_argument("--env", action="append", required=True, metavar="SIM:TASK",
-                     help="metaworld:<task>-v3 (e.g. metaworld:reach-v3), fetch:reach|push|pick_and_place or "
-                          "pusht:push_t; repeat for more")
+                     help="metaworld:<task>-v3 (e.g. metaworld:reach-v3), fetch:reach|push|pick_and_place, "
+                          "pusht:push_t, or one a --plugin registers; repeat for more")
     rec.add_argument("--episodes", type=int, default=10, help="episodes per environment (default 10)")
     rec.add_argument("--output", required=True, metavar="DIR", help="the dataset directory to create")
     rec.add_argument("--size", type=int, default=128, help="camera image height and width (default 128)")
@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="end an episode after this many steps (default: the simulator's limit)")
     rec.add_argument("--seed", type=int, default=0, help="episode i starts from seed SEED + i (default 0)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output")
+    rec.add_argument("--plugin", action="append", default=[], dest="plugins", metavar="MODULE_OR_FILE",
+                     help="import this module or .py file first, to register a simulator and its scripted expert "
+                          "(register_simulator); repeatable")
     rec.set_defaults(func=_record)
 
     info = commands.add_parser(
@@ -108,6 +111,9 @@ def _train_tokenizer(args: argparse.Namespace) -> None:
 
 
 def _record(args: argparse.Namespace) -> None:
+    from longboat.utils.plugins import load_plugins
+
+    load_plugins(args.plugins)
     recipe.record(args.env, args.episodes, args.output, cameras=args.camera, image_size=args.size,
                   max_steps=args.max_steps, only_success=args.only_success, seed=args.seed,
                   overwrite=args.overwrite)

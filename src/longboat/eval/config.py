@@ -56,7 +56,10 @@ class RayConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    benchmark: str = Field(description="runner name: metaworld, fetch, pusht, a LIBERO suite (libero_spatial, ...)")
+    plugins: list[str] = Field(default_factory=list, description="modules or .py files (relative to the config) "
+                               "imported first, to register a benchmark's runner or simulator")
+    benchmark: str = Field(description="runner name: metaworld, fetch, pusht, a LIBERO suite (libero_spatial, ...), "
+                           "or one a plugin registers")
     tasks: list[str] = Field(min_length=1)
     episodes: int = Field(default=10, gt=0, description="episodes per task (seeds seed, seed+1, ...)")
     seed: int = Field(default=0, ge=0, lt=MAX_EPISODE_SEED)
@@ -106,8 +109,13 @@ class EvalConfig(StrictModel):
 
 def load_eval_config(path: str | Path, overrides: list[str] | None = None) -> EvalConfig:
     from longboat.config.base import apply_overrides
+    from longboat.utils.plugins import load_plugins
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such eval config")
-    return validate(EvalConfig, apply_overrides(load_yaml(path), overrides or []), str(path))
+    data = apply_overrides(load_yaml(path), overrides or [])
+    plugins = data.get("plugins") or []
+    # Imported before anything is resolved (as a run config's are), named by absolute path from here on.
+    data = {**data, "plugins": load_plugins(plugins if isinstance(plugins, list) else [plugins], path.parent)}
+    return validate(EvalConfig, data, str(path))

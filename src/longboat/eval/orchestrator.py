@@ -29,6 +29,7 @@ from longboat.eval.results import (RESULTS_FILE, RUN_FILE, ResultsFile, read_res
 from longboat.eval.runners import ObservationSpec, Runner, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
 from longboat.utils.interrupt import ctrl_c_sets
+from longboat.utils.plugins import load_plugins
 
 VIDEO_DIR = "videos"
 
@@ -148,8 +149,10 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     from longboat.eval.report import write_report
 
     out = Path(cfg.output_dir)
+    load_plugins(cfg.plugins)  # a config built in code: its plugins (each imported once per process)
     info = policy_info(cfg)
     runner = make_runner(cfg.benchmark, info.spec)
+    runner.plugins = tuple(cfg.plugins)
     known = runner.tasks()
     unknown = [t for t in cfg.tasks if t not in known]
     if unknown:

@@ -17,6 +17,7 @@ import yaml
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel
+from longboat.utils.registry import Registry
 
 
 class HFInterop(Protocol):
@@ -111,24 +112,20 @@ class ModelSpec:
         return self.pipeline(cfg)
 
 
-_MODELS: dict[str, ModelSpec] = {}
+_MODELS: Registry[ModelSpec] = Registry("model architecture", "known", ConfigError)
 
 
 def register_model(spec: ModelSpec) -> ModelSpec:
-    if spec.name in _MODELS:
-        raise ValueError(f"model '{spec.name}' registered twice")
-    _MODELS[spec.name] = spec
-    return spec
+    # A spec is an instance: it is placed by the code that registers it (the same code run again is no error).
+    return _MODELS.register(spec.name, spec, stacklevel=2)
 
 
 def get_model(name: str) -> ModelSpec:
-    if name not in _MODELS:
-        raise ConfigError(f"unknown model architecture '{name}'; known: {', '.join(sorted(_MODELS))}")
-    return _MODELS[name]
+    return _MODELS.get(name)
 
 
 def model_names() -> list[str]:
-    return sorted(_MODELS)
+    return _MODELS.names()
 
 
 def spec_of(model: nn.Module) -> ModelSpec:

@@ -19,6 +19,7 @@ from longboat.config.base import ConfigError, StrictModel
 from longboat.distributed.loss import LossFn
 from longboat.trainer.hooks import TrainerHooks
 from longboat.trainer.optim import ParamGroup
+from longboat.utils.registry import Registry
 
 
 @dataclass
@@ -74,21 +75,22 @@ def fill_from_data(fields: dict, found: dict[str, Any], source: str) -> dict:
     return out
 
 
-_TASKS: dict[str, type[Task]] = {}
+_TASKS: Registry[type[Task]] = Registry("task", "known tasks", ConfigError)
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: the task ``name`` (a run config's ``task:``)."""
     def wrap(cls: type[Task]) -> type[Task]:
-        if name in _TASKS:
-            raise ValueError(f"task '{name}' registered twice")
+        _TASKS.register(name, cls)
         cls.name = name
-        _TASKS[name] = cls
         return cls
 
     return wrap
 
 
 def get_task(name: str) -> type[Task]:
-    if name not in _TASKS:
-        raise ConfigError(f"unknown task '{name}'; known tasks: {', '.join(sorted(_TASKS))}")
-    return _TASKS[name]
+    return _TASKS.get(name)
+
+
+def task_names() -> list[str]:
+    return _TASKS.names()

@@ -75,6 +75,13 @@ def load_plugins(names: list[str], base_dir: str | Path | None = None) -> list[s
     return resolved
 
 
+def with_plugins(plugins: list[str], fn):
+    """``fn()`` once ``plugins`` are imported here: what a worker process runs first, so that what the plugins
+    register (a simulator, say) is known there as in the process that started it."""
+    load_plugins(plugins)
+    return fn()
+
+
 def load_entry_points() -> None:
     global _entry_points_loaded
     if _entry_points_loaded:

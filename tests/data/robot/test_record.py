@@ -265,3 +265,21 @@ def test_pusht_records_the_top_view_and_replays_exactly(tmp_path):
 def test_pusht_expert_succeeds(tmp_path):
     results = record(["pusht:push_t"], 4, tmp_path / "pusht", cameras=(), progress=False).envs
     assert results[0].successes >= 3, results
+
+
+def test_a_simulator_from_a_plugin_records(tmp_path, capsys, point_plugin):
+    """``--plugin`` imports a file that registers a simulator with its scripted expert; its tasks record like the
+    built-in ones, and without the plugin the name is unknown, naming the known simulators."""
+    out = tmp_path / "points"
+    args = ["data", "record", "--env", "point:reach", "--env", "point:reach_far", "--episodes", "2", "--size", "16",
+            "--seed", "1", "--output", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown environment 'point:reach': expected <simulator>:<task> with simulator one "
+                          "of fetch, metaworld, pusht (e.g. fetch:push; one of your own registers through --plugin)")
+    assert not main([*args, "--plugin", str(point_plugin)]), capsys.readouterr().err  # None: success
+    ds = RobotDataset(out)
+    assert ds.meta.info["robot_type"] == "point" and len(ds.meta.episodes.index) == 4
+    assert ds.meta.tasks == ["move the point to the goal (reach)", "move the point to the goal (reach_far)"]
+    for frames in episodes_of(ds).values():
+        assert bool(frames[-1]["next.success"]) and frames[0]["observation.images.top"].shape == (3, 16, 16)

@@ -24,6 +24,7 @@ from longboat.data.robot.transforms import (
 )
 from longboat.data.robot.transforms import base as transforms_base
 from longboat.data.robot.transforms.color import shift_hue
+from longboat.utils.registry import RegistryError
 
 STATE, ACTION, TOP, WRIST = "observation.state", "action", "observation.images.top", "observation.images.wrist"
 STAT_NAMES = ("min", "max", "mean", "std", "q01", "q10", "q50", "q90", "q99")
@@ -429,7 +430,7 @@ def test_bad_yaml_names_the_file(tmp_path):
 
 
 def test_user_transforms_register_by_name(monkeypatch):
-    monkeypatch.setattr(transforms_base, "_TRANSFORMS", dict(transforms_base._TRANSFORMS))  # leave no trace
+    monkeypatch.setattr(transforms_base, "_TRANSFORMS", transforms_base._TRANSFORMS.copy())  # leave no trace
     class ScaleConfig(StrictModel):
         key: str
         factor: float
@@ -450,5 +451,9 @@ def test_user_transforms_register_by_name(monkeypatch):
     out = p.apply({ACTION: torch.ones(2, 1)})
     assert out[ACTION].tolist() == [[4.0], [4.0], [4.0]]
     assert p.unapply(out)[ACTION].tolist() == [[1.0], [1.0], [1.0]]
-    with pytest.raises(ValueError, match="registered twice"):
-        register_transform("test_scale")(Scale)
+    assert register_transform("test_scale")(Scale) is Scale  # the same class again (a module imported twice)
+    with pytest.raises(RegistryError, match=r"transform 'test_scale' registered twice: first by .*\.Scale "
+                                            r"\(tests/data/robot/test_transforms.py:\d+\), again by .*\.Other "):
+        @register_transform("test_scale")
+        class Other(Scale):
+            pass

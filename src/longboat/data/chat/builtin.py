@@ -11,6 +11,7 @@ from pathlib import Path
 
 from longboat.data.chat.template import ChatTemplate, ChatTemplateError
 from longboat.data.tokenizer import Tokenizer
+from longboat.utils.registry import Registry
 
 _DIR = Path(__file__).parent / "templates"
 
@@ -21,17 +22,19 @@ class BuiltinTemplate:
     tokens: tuple[str, ...]  # the special tokens it writes, which the tokenizer must hold as single tokens
 
 
-_TEMPLATES: dict[str, BuiltinTemplate] = {}
+_TEMPLATES: Registry[BuiltinTemplate] = Registry("chat template", "known", ChatTemplateError)
 
 
 def register_chat_template(name: str, source: str, tokens: tuple[str, ...] = ()) -> None:
-    if name in _TEMPLATES:
-        raise ValueError(f"chat template '{name}' registered twice")
-    _TEMPLATES[name] = BuiltinTemplate(source, tuple(tokens))
+    """Add the built-in template ``name`` (Jinja ``source``, writing the special ``tokens``)."""
+    template = BuiltinTemplate(source, tuple(tokens))
+    if _TEMPLATES.get(name, None) == template:
+        return  # the same template again (a plugin imported twice)
+    _TEMPLATES.register(name, template, stacklevel=2)
 
 
 def chat_template_names() -> list[str]:
-    return sorted(_TEMPLATES)
+    return _TEMPLATES.names()
 
 
 register_chat_template("chatml", (_DIR / "chatml.jinja").read_text("utf-8"), ("<|im_start|>", "<|im_end|>"))
@@ -48,7 +51,7 @@ def resolve_chat_template(tokenizer: Tokenizer, choice: str | None) -> tuple[Cha
         return ChatTemplate.from_tokenizer(tokenizer), True
     special = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token}
     if choice in _TEMPLATES:
-        builtin = _TEMPLATES[choice]
+        builtin = _TEMPLATES.get(choice)
         missing = [t for t in builtin.tokens if tokenizer.backend.token_to_id(t) is None]
         if missing:
             raise ChatTemplateError(f"data.chat_template: '{choice}' writes {', '.join(missing)}, which "

@@ -14,12 +14,16 @@ import multiprocessing
 import multiprocessing.forkserver
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Literal
 
 import numpy as np
 
+from longboat.config.base import ConfigError
 from longboat.data.robot.record.optional import import_simulator
 from longboat.errors import LongboatError
+from longboat.utils.plugins import with_plugins
+from longboat.utils.registry import Registry
 
 STATE_FEATURE = "observation.state"
 IMAGE_PREFIX = "observation.images."
@@ -49,6 +53,7 @@ class Runner(ABC):
 
     name: str
     simulator_modules: tuple[str, ...] = ()  # what an env worker imports before it builds its env
+    plugins: tuple[str, ...] = ()  # what an env worker imports first: the eval config's plugins (set by the eval)
 
     def __init__(self, spec: ObservationSpec):
         self.spec = spec
@@ -86,6 +91,8 @@ class Runner(ABC):
         vector = import_simulator("gymnasium.vector")
         fns = [self.env_fn(task, self.spec) for _ in range(num_envs)]
         if mode == "async":
+            if self.plugins:  # what registered this benchmark or its simulator, imported in each worker first
+                fns = [partial(with_plugins, list(self.plugins), fn) for fn in fns]
             return vector.AsyncVectorEnv(fns, context=self.start_worker_server(),
                                          autoreset_mode=vector.AutoresetMode.DISABLED)
         return vector.SyncVectorEnv(fns, autoreset_mode=vector.AutoresetMode.DISABLED)
@@ -105,13 +112,14 @@ class Runner(ABC):
         return "forkserver"
 
 
-RUNNERS: dict[str, Callable[[ObservationSpec], Runner]] = {}
+RUNNERS: Registry[Callable[[ObservationSpec], Runner]] = Registry(
+    "benchmark", "known", ConfigError, hint="one of your own registers through the eval config's plugins:")
 
 
 def register_runner(name: str):
     """Class decorator: the runner of benchmark ``name``."""
     def wrap(cls):
+        RUNNERS.register(name, cls)
         cls.name = name
-        RUNNERS[name] = cls
         return cls
     return wrap

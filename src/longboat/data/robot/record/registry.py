@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Callable
 
 from longboat.data.robot.record.env import SimEnv
 from longboat.data.robot.record.errors import RecordError
+from longboat.utils.registry import Registry, caller_source, source_of
 
 
 @dataclass(frozen=True)
@@ -15,13 +17,15 @@ class Simulator:
     make: Callable[[str], SimEnv]
 
 
-SIMULATORS: dict[str, Simulator] = {}
+SIMULATORS: Registry[Simulator] = Registry("simulator", "known simulators", RecordError)
 
 
 def register_simulator(prefix: str, tasks: Callable[[], list[str]]):
     """Class or function decorator: ``make(task) -> SimEnv`` for the names ``prefix:<task>``."""
     def wrap(make):
-        SIMULATORS[prefix] = Simulator(tasks, make)
+        known = SIMULATORS.get(prefix, None)
+        if known is None or known.make is not make:  # the very factory again: nothing to do
+            SIMULATORS.register(prefix, Simulator(tasks, make), source_of(make) or caller_source(1))
         return make
     return wrap
 
@@ -33,10 +37,12 @@ def known_envs() -> list[str]:
 def make_env(name: str) -> SimEnv:
     """The environment ``name`` (e.g. ``metaworld:reach-v3``, ``fetch:push``); an unknown one lists the known."""
     prefix, _, task = name.partition(":")
-    sim = SIMULATORS.get(prefix)
+    sim = SIMULATORS.get(prefix, None)
     if sim is None or not task:
-        raise RecordError(f"unknown environment {name!r}: expected <simulator>:<task> with simulator one of "
-                          f"{', '.join(SIMULATORS)} (e.g. fetch:push)")
+        close = difflib.get_close_matches(prefix, list(SIMULATORS), n=1, cutoff=0.6) if task else []
+        hint = f"did you mean '{close[0]}:{task}'? " if close else ""
+        raise RecordError(f"unknown environment {name!r}: {hint}expected <simulator>:<task> with simulator one of "
+                          f"{', '.join(SIMULATORS)} (e.g. fetch:push; one of your own registers through --plugin)")
     tasks = sim.tasks()
     if task not in tasks:
         raise RecordError(f"unknown environment {name!r}; known {prefix} tasks: {', '.join(tasks)}")

@@ -14,6 +14,7 @@ import torch
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.errors import LongboatError
+from longboat.utils.registry import Registry, RegistryError, source_of
 
 Stats = dict[str, dict[str, torch.Tensor]]  # stats[feature][stat], float32 tensors shaped like the feature
 
@@ -52,30 +53,26 @@ class Transform:
         raise TransformError(f"{self.name}: not invertible")
 
 
-_TRANSFORMS: dict[str, type[Transform]] = {}
+_TRANSFORMS: Registry[type[Transform]] = Registry("transform", "known transforms", ConfigError)
 
 
 def register_transform(name: str) -> Callable[[type[Transform]], type[Transform]]:
     def wrap(cls: type[Transform]) -> type[Transform]:
-        if name in _TRANSFORMS:
-            raise ValueError(f"transform '{name}' registered twice")
         if not (isinstance(getattr(cls, "Config", None), type) and issubclass(cls.Config, StrictModel)):
-            raise ValueError(f"transform '{name}' must define Config, a StrictModel")
+            raise RegistryError(f"transform '{name}' ({source_of(cls)}) must define Config, a StrictModel")
+        _TRANSFORMS.register(name, cls)
         cls.name = name
-        _TRANSFORMS[name] = cls
         return cls
 
     return wrap
 
 
 def get_transform(name: str) -> type[Transform]:
-    if name not in _TRANSFORMS:
-        raise ConfigError(f"unknown transform '{name}'; known transforms: {', '.join(sorted(_TRANSFORMS))}")
-    return _TRANSFORMS[name]
+    return _TRANSFORMS.get(name)
 
 
 def transform_names() -> list[str]:
-    return sorted(_TRANSFORMS)
+    return _TRANSFORMS.names()
 
 
 def image_of(item: dict, key: str, transform: str) -> torch.Tensor:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from longboat.errors import LongboatError
+from longboat.utils.registry import Registry, source_of
 
 
 class HFConversionError(LongboatError, ValueError):
@@ -101,17 +102,19 @@ class HFAdapter:
         return out
 
 
-_ADAPTERS: dict[str, HFAdapter] = {}
+_ADAPTERS: Registry[HFAdapter] = Registry("HF model_type", "known", HFConversionError)
 
 
 def register_hf_adapter(model_type: str) -> Callable[[type[HFAdapter]], type[HFAdapter]]:
     """Class decorator: register an adapter for checkpoints whose config.json says ``model_type``."""
 
     def wrap(cls: type[HFAdapter]) -> type[HFAdapter]:
-        if model_type in _ADAPTERS:
-            raise ValueError(f"HF adapter {model_type!r} registered twice")
+        known = _ADAPTERS.get(model_type, None)
+        if known is not None and type(known) is cls:
+            return cls  # the very class again: nothing to do
+        # The registry holds an instance; the class says where it comes from.
+        _ADAPTERS.register(model_type, cls(), source_of(cls))
         cls.model_type = model_type
-        _ADAPTERS[model_type] = cls()
         return cls
 
     return wrap
@@ -120,14 +123,12 @@ def register_hf_adapter(model_type: str) -> Callable[[type[HFAdapter]], type[HFA
 def hf_families() -> list[str]:
     import longboat.models.llm.adapters  # noqa: F401  (fills the registry)
 
-    return sorted(_ADAPTERS)
+    return _ADAPTERS.names()
 
 
 def get_hf_adapter(model_type: str) -> HFAdapter:
-    known = hf_families()
-    if model_type not in _ADAPTERS:
-        raise HFConversionError(f"unknown HF model_type {model_type!r}; known: {', '.join(known)}")
-    return _ADAPTERS[model_type]
+    hf_families()
+    return _ADAPTERS.get(model_type)
 
 
 def infer_family(cfg) -> str:
