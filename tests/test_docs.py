@@ -20,3 +20,11 @@ def test_the_map_names_every_module():
     missing, gone = sorted(_modules() - named), sorted(named - _modules())
     assert not missing and not gone, (f"docs/architecture.md does not name {missing}" if missing else
                                       f"docs/architecture.md names modules that no longer exist: {gone}")
+
+
+def test_links_between_the_readme_and_the_docs_lead_somewhere():
+    root = MAP.parents[1]
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.relative_to(root)} links to {target}, which is missing"
