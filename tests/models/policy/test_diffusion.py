@@ -1,13 +1,10 @@
-import math
-
 import pytest
 import torch
 
 from longboat.config.base import ConfigError, validate
 from longboat.distributed.parallelize import parallel_units
 from longboat.models import get_model
-from longboat.models.policy.diffusion import DIFFUSION, DiffusionConfig, DiffusionPolicy, NoiseScheduler
-from longboat.models.policy.diffusion.scheduler import squared_cosine_alphas_cumprod
+from longboat.models.policy.diffusion import DIFFUSION, DiffusionConfig, DiffusionPolicy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import write_policy_dataset
@@ -31,52 +28,6 @@ def make_batch(cfg: DiffusionConfig, b: int, seed: int = 0) -> dict:
     for key, shape in cfg.image_features.items():
         batch[key] = torch.randn(b, cfg.n_obs_steps, *shape, generator=g)
     return batch
-
-
-# ---- scheduler ---------------------------------------------------------------------------------------------
-def test_cosine_schedule_matches_its_closed_form():
-    def f(s):
-        return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
-
-    ab = squared_cosine_alphas_cumprod(100)
-    closed = torch.tensor([f((t + 1) / 100) / f(0) for t in range(100)], dtype=torch.float64)
-    torch.testing.assert_close(ab[:99], closed[:99], rtol=1e-12, atol=0)
-    # The last beta would be 1 (no signal left); it is capped at 0.999.
-    torch.testing.assert_close(ab[99], ab[98] * 0.001, rtol=1e-12, atol=0)
-    assert torch.all(ab[1:] < ab[:-1])
-
-
-def test_inference_timesteps_start_at_the_noisy_end():
-    s = NoiseScheduler(100)
-    assert s.inference_timesteps(10) == [99, 89, 79, 69, 59, 49, 39, 29, 19, 9]
-    assert s.inference_timesteps(100) == list(range(99, -1, -1))
-
-
-@pytest.mark.parametrize("prediction", ["epsilon", "sample"])
-@pytest.mark.parametrize("steps", [1, 10, 100])
-def test_ddim_with_the_true_noise_walks_the_noising_path_to_x0(prediction, steps):
-    s = NoiseScheduler(100, prediction, clip=1.0)
-    g = torch.Generator().manual_seed(0)
-    x0 = (torch.rand(3, 8, 2, generator=g, dtype=torch.float64) * 2 - 1) * 0.9
-    eps = torch.randn(3, 8, 2, generator=g, dtype=torch.float64)
-    visited = []
-
-    def oracle(x_t, t):  # the network that knows x0: its output is exact at every x_t
-        visited.append((x_t, t))
-        a = s.alphas_cumprod[t].reshape(-1, 1, 1)
-        return s.target(x0, (x_t - a.sqrt() * x0) / (1 - a).sqrt())
-
-    out = s.sample(oracle, s.add_noise(x0, eps, torch.full((3,), 99)), steps)
-    torch.testing.assert_close(out, x0, rtol=0, atol=1e-9)
-    assert len(visited) == steps
-    for x_t, t in visited:  # eta 0: every intermediate sample is x0 noised by the same noise to its timestep
-        torch.testing.assert_close(x_t, s.add_noise(x0, eps, t), rtol=0, atol=1e-9)
-
-
-def test_clip_bounds_the_denoised_sample():
-    s = NoiseScheduler(100, "sample", clip=0.5)
-    out = s.sample(lambda x, t: torch.full_like(x, 3.0), torch.randn(2, 4, 1), 5)
-    assert torch.all(out == 0.5)
 
 
 # ---- the policy --------------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from longboat.models.policy.diffusion.config import DiffusionConfig
 from longboat.models.policy.diffusion.model import DiffusionPolicy
-from longboat.models.policy.diffusion.scheduler import NoiseScheduler
 from longboat.models.registry import ModelSpec, register_model
 
 DIFFUSION = register_model(ModelSpec(
@@ -14,4 +13,4 @@ DIFFUSION = register_model(ModelSpec(
     forward_methods=("predict",),
 ))
 
-__all__ = ["DIFFUSION", "DiffusionConfig", "DiffusionPolicy", "NoiseScheduler"]
+__all__ = ["DIFFUSION", "DiffusionConfig", "DiffusionPolicy"]

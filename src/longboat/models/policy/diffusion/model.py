@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from longboat.config.base import ConfigError
+from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.policy.base import Policy
 from longboat.models.policy.diffusion.config import DiffusionConfig
 from longboat.models.policy.diffusion.encoder import ObservationEncoder
-from longboat.models.policy.diffusion.scheduler import NoiseScheduler
 from longboat.models.policy.diffusion.unet import ConditionalUnet1d
 from longboat.models.policy.keyed_random import keyed_normal, keyed_randint
 

@@ -4,9 +4,10 @@ Prefix: each camera's image through a small ViT, projected to the backbone's wid
 embeddings; a longboat decoder reads the prefix with bidirectional attention (pi0's prefix-LM mask) and hands each
 layer's keys and values to the action expert (``expert.py``), which reads [state, noisy actions + flow time].
 
-Training (flow matching): t = 0.999·Beta(1.5, 1) + 0.001, x_t = t·noise + (1 − t)·actions, and the expert's output
-regresses the velocity u = noise − actions. Inference integrates dx/dt = v from t = 1 (noise) to t = 0 with
-``num_steps`` Euler steps; the prefix's keys and values are computed once per call.
+Training (flow matching, ``models/generative/flow_matching.py``): t = 0.999·Beta(1.5, 1) + 0.001,
+x_t = t·noise + (1 − t)·actions, and the expert's output regresses the velocity u = noise − actions. Inference
+integrates dx/dt = v from t = 1 (noise) to t = 0 with ``num_steps`` Euler steps; the prefix's keys and values are
+computed once per call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from longboat.models.generative.flow_matching import euler_sample, interpolate, sample_time, velocity_target
 from longboat.models.llm.model import Decoder
 from longboat.models.policy.base import Policy
 from longboat.models.policy.flow_vla.config import FlowVLAConfig
@@ -99,16 +101,15 @@ class FlowVLA(Policy):
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         actions = batch[self.cfg.action_feature]
         keys = batch["noise_key"]
-        B = actions.shape[0]
-        # Beta(1.5, 1) by inverse CDF (its CDF is u^1.5), scaled to (0.001, 1]: mostly noisy times, as pi0.
-        t = 0.999 * keyed_uniform(keys, (), TIME_STREAM).pow(1 / 1.5) + 0.001
+        # Beta(1.5, 1) scaled to (0.001, 1]: mostly noisy times, as pi0.
+        t = sample_time(keyed_uniform(keys, (), TIME_STREAM), "beta", alpha=1.5, low=0.001)
         noise = keyed_normal(keys, tuple(actions.shape[1:]), NOISE_STREAM)
         t, noise = t.to(actions), noise.to(actions)
-        x_t = t.view(B, 1, 1) * noise + (1 - t.view(B, 1, 1)) * actions
+        x_t = interpolate(actions, noise, t)
         prefix_kv, prefix_valid = self.encode_prefix(batch)
         v = self.velocity(batch, prefix_kv, prefix_valid, x_t, t)
         keep = (~batch["action_is_pad"]).to(actions.dtype)[:, :, None]
-        squared = (v - (noise - actions)).square() * keep
+        squared = (v - velocity_target(actions, noise)).square() * keep
         loss = squared.sum(dim=(1, 2)) / (keep.sum(dim=(1, 2)) * actions.shape[2]).clamp(min=1)
         return {"loss": loss}
 
@@ -122,11 +123,7 @@ class FlowVLA(Policy):
             x = keyed_normal(noise_key, shape, SAMPLE_STREAM).to(ref)
         else:
             x = torch.randn(B, *shape, device=ref.device, dtype=ref.dtype)
-        dt = 1.0 / self.cfg.num_steps
-        for step in range(self.cfg.num_steps):
-            t = torch.full((B,), 1.0 - step * dt, device=ref.device, dtype=ref.dtype)
-            x = x - dt * self.velocity(obs, prefix_kv, prefix_valid, x, t)
-        return x
+        return euler_sample(lambda x_t, t: self.velocity(obs, prefix_kv, prefix_valid, x_t, t), x, self.cfg.num_steps)
 
     # ---- optimisation ------------------------------------------------------------------------------------
     def param_groups(self) -> dict[str, tuple[list[str], float]]:

@@ -2,7 +2,8 @@
 
 The betas follow the squared-cosine schedule (Nichol & Dhariwal, 2021; ``squaredcos_cap_v2`` in diffusers): the
 cumulative signal level is ``f(t / T) / f(0)`` with ``f(s) = cos((s + 0.008) / 1.008 * pi / 2)^2``, each beta capped
-at 0.999. Sampling uses DDIM with eta 0, so an action chunk is a deterministic function of its initial noise.
+at 0.999. Sampling uses DDIM with eta 0, so a sample (e.g. a policy's action chunk) is a deterministic function of
+its initial noise.
 Inference timesteps are spaced from the noisy end ("trailing"), so the first step starts at t = T - 1 where the
 initial noise is what training saw.
 """
@@ -15,15 +16,19 @@ from typing import Callable
 import torch
 
 
-def squared_cosine_alphas_cumprod(timesteps: int, max_beta: float = 0.999) -> torch.Tensor:
-    """Cumulative products of (1 - beta_t), float64 [timesteps]."""
+def squared_cosine_betas(timesteps: int, max_beta: float = 0.999) -> torch.Tensor:
+    """The squared-cosine betas, float64 [timesteps]."""
     def f(s: float) -> float:
         return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
 
-    # A constant table, always on the CPU (also when the policy is built on the meta device); used on any device.
-    betas = torch.tensor([min(1 - f((i + 1) / timesteps) / f(i / timesteps), max_beta) for i in range(timesteps)],
-                         dtype=torch.float64, device="cpu")
-    return torch.cumprod(1 - betas, dim=0)
+    # A constant table, always on the CPU (also when a model is built on the meta device); used on any device.
+    return torch.tensor([min(1 - f((i + 1) / timesteps) / f(i / timesteps), max_beta) for i in range(timesteps)],
+                        dtype=torch.float64, device="cpu")
+
+
+def squared_cosine_alphas_cumprod(timesteps: int, max_beta: float = 0.999) -> torch.Tensor:
+    """Cumulative products of (1 - beta_t), float64 [timesteps]."""
+    return torch.cumprod(1 - squared_cosine_betas(timesteps, max_beta), dim=0)
 
 
 class NoiseScheduler:
