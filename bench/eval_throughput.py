@@ -35,7 +35,7 @@ def setup(args, root: Path, name: str, num_envs: int, window_ms: float, vector: 
     from longboat.eval.config import EvalConfig
     from longboat.eval.orchestrator import run_eval
     from longboat.eval.results import read_results
-    from longboat.eval.server_manager import ServerManager
+    from longboat.serving.server_manager import ServerManager
 
     spec = {"observation": {"observation.images.corner": [args.size, args.size, 3], "observation.state": [39]},
             "horizon": HORIZON, "action_dim": 4, "delay_ms": args.delay_ms, "noise": 0.0}

@@ -116,7 +116,7 @@ def measure_single(args: argparse.Namespace, dataset: str) -> dict:
     """Training with and without data loading, and inference latency, in this process."""
     import torch
 
-    from longboat.recipes.policy_bundle import PolicyBundle
+    from longboat.serving.policy_bundle import PolicyBundle
 
     torch.set_num_threads(args.threads)
     n = args.batch * (args.warmup + args.steps)

@@ -33,8 +33,8 @@ import time
 
 import numpy as np
 
-from longboat.eval.client import PolicyClient
-from longboat.eval.server_manager import ServerManager, free_port
+from longboat.serving.client import PolicyClient
+from longboat.serving.server_manager import ServerManager, free_port
 
 HORIZON, ACTION_DIM = 10, 7
 
@@ -59,7 +59,7 @@ class ZeroPolicy:
 
 
 def serve_ours(port: int) -> None:
-    from longboat.eval.server import PolicyServer, ServerConfig
+    from longboat.serving.server import PolicyServer, ServerConfig
 
     PolicyServer(ZeroPolicy(), ServerConfig(port=port)).run()
 
@@ -68,7 +68,7 @@ def serve_bare(port: int) -> None:
     """The floor: openpi's server loop with no policy, no checks and no batching."""
     from websockets.asyncio.server import serve
 
-    from longboat.eval.protocol import Packer, unpackb
+    from longboat.serving.protocol import Packer, unpackb
 
     async def handle(ws):
         packer = Packer()

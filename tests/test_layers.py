@@ -10,8 +10,8 @@ import longboat
 
 SRC = Path(longboat.__file__).resolve().parent
 
-# Top to bottom; a package may import from its own layer or below. serving/ and sim/ do not exist yet: they sit
-# beside tasks/ so that eval/ may use them.
+# Top to bottom; a package may import from its own layer or below. serving/ (and sim/, which does not exist yet)
+# sit beside tasks/ so that eval/ may use them.
 LAYERS = [
     {"cli", "__main__"},
     {"recipes"},

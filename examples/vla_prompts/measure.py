@@ -12,7 +12,8 @@ from collections import defaultdict
 import torch
 
 from longboat.data.robot import RobotDataset
-from longboat.recipes.policy_bundle import open_policy
+from longboat.recipes.artifact import open_artifact
+from longboat.serving.policy_bundle import open_policy
 
 
 def main() -> None:
@@ -23,7 +24,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=4, help="score every N-th frame (default 4)")
     args = parser.parse_args()
 
-    bundle = open_policy(args.run)
+    bundle = open_policy(open_artifact(args.run))
     cfg, fps = bundle.config, bundle.spec["fps"]
     tasks = list(bundle.spec["tasks"])
     windows = {key: [0.0] for key in [*cfg.image_features, cfg.state_feature] if key is not None}

@@ -8,7 +8,7 @@ import yaml
 
 from longboat.cli.main import main
 from longboat.eval.config import load_eval_config
-from tests.eval.conftest import random_server
+from tests.serving.conftest import random_server
 
 
 def _eval(tmp_path, capsys, port: int, **fields) -> tuple[int, str]:

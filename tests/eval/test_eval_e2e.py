@@ -17,7 +17,7 @@ from longboat.data.robot.record import record
 from longboat.eval.config import EvalConfig
 from longboat.eval.orchestrator import run_eval
 from longboat.eval.results import read_results
-from longboat.eval.server_manager import ServerManager
+from longboat.serving.server_manager import ServerManager
 from tests.conftest import REPO, run_longboat
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from longboat.eval.config import EvalConfig
 from longboat.eval.episodes import EvalError
 from longboat.eval.orchestrator import run_eval
 from longboat.eval.results import read_results
-from tests.eval.conftest import random_server
+from tests.serving.conftest import random_server
 
 SEEDS = [0, 1, 2, 3, 4]  # five episodes on two lanes: one lane runs three, in whichever order they come free
 BASE = {"benchmark": "pusht", "tasks": ["push_t"], "seeds": SEEDS, "num_envs": 2, "max_steps": 12,

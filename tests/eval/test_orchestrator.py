@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.eval.conftest import mlp_export
+from tests.serving.conftest import mlp_export
 
 
 def _gone(pid: int) -> bool:
@@ -108,7 +108,7 @@ def _eval(tmp_path, capsys, policy="ws://127.0.0.1:1", **fields) -> tuple[int, s
 ])
 def test_policy_sizes_that_do_not_fit_the_benchmark_end_before_the_first_episode(tmp_path, capsys, policy, fields,
                                                                                  message):
-    from tests.eval.conftest import random_server
+    from tests.serving.conftest import random_server
 
     with random_server(policy={"observation": {"observation.state": [39]}, "action_dim": 4, **policy}) as (s, port):
         code, err = _eval(tmp_path, capsys, f"ws://127.0.0.1:{port}", **fields)
@@ -118,7 +118,7 @@ def test_policy_sizes_that_do_not_fit_the_benchmark_end_before_the_first_episode
 
 
 def test_a_policy_that_fits_runs(tmp_path, capsys):
-    from tests.eval.conftest import random_server
+    from tests.serving.conftest import random_server
 
     with random_server(policy={"observation": {"observation.state": [39]}, "action_dim": 4}) as (_, port):
         assert _eval(tmp_path, capsys, f"ws://127.0.0.1:{port}")[0] == 0

@@ -16,7 +16,7 @@ from longboat.eval.orchestrator import run_eval
 from longboat.eval.results import read_results
 from longboat.eval.runners import RUNNERS
 from longboat.eval.runners.sim import PushTRunner
-from tests.eval.conftest import random_server
+from tests.serving.conftest import random_server
 
 
 SEEDS = [0, 1, 2, 3, 4]

@@ -14,12 +14,13 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from safetensors.torch import load_file
 
 from longboat.data.robot import RobotDataset
-from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
 from longboat.models import get_model
 from longboat.models.llm import Decoder, DecoderConfig
 from longboat.models.llm.hf import save_hf_model
-from longboat.recipes.policy_bundle import open_policy
+from longboat.recipes.artifact import open_artifact
 from longboat.recipes.serve import open_served_policy
+from longboat.serving.policy_bundle import open_policy
+from longboat.serving.server import PolicyServer, ServerConfig, serving_in_thread
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import TASKS, write_policy_dataset
@@ -56,7 +57,7 @@ def test_tiny_flow_vla_trains_from_a_frozen_hf_backbone(tmp_path):
     # Served to openpi-client: the request's seed is the noise key, its prompt reaches the backbone.
     frames = RobotDataset(dataset, {CAMERA: [0.0], "observation.state": [0.0]}, episodes=[0])
     item = frames[7]
-    bundle = open_policy(run_dir)
+    bundle = open_policy(open_artifact(run_dir))
     wire = {"observation.images.top": (item[CAMERA][0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy(),
             "observation.state": item["observation.state"][0].numpy()}
     with serving_in_thread(PolicyServer(open_served_policy(run_dir), ServerConfig(port=0))) as port:

@@ -12,11 +12,11 @@ from torch import nn
 from longboat.checkpoint.export import save_export
 from longboat.config.base import ConfigError
 from longboat.data.robot.transforms import Pipeline, pipeline_assets
-from longboat.eval.served import RequestError
-from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
 from longboat.models import ModelSpec, register_model
 from longboat.models.policy import Policy, PolicyConfig, keyed_normal
 from longboat.recipes.serve import open_served_policy
+from longboat.serving.served import RequestError
+from longboat.serving.server import PolicyServer, ServerConfig, serving_in_thread
 
 CAM, STATE = "observation.images.front", "observation.state"
 

@@ -195,9 +195,11 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     from longboat.config.base import ConfigError, validate
-    from longboat.eval.addresses import check_host
-    from longboat.eval.server import ServerConfig
-    from longboat.recipes.serve import open_served_policy, random_policy, resolve_device, serve, set_cpu_threads
+    from longboat.recipes.serve import open_served_policy
+    from longboat.serving.addresses import check_host
+    from longboat.serving.process import resolve_device, serve, set_cpu_threads
+    from longboat.serving.random_policy import random_policy
+    from longboat.serving.server import ServerConfig
 
     if (args.path is None) == (args.random_policy is None):
         raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")

@@ -22,10 +22,10 @@ from typing import Iterator
 import numpy as np
 
 from longboat.errors import LongboatError
-from longboat.eval.client import PolicyClient
 from longboat.eval.config import EvalConfig
 from longboat.eval.runners import Runner
 from longboat.eval.runners.base import FRAME_INFO
+from longboat.serving.client import PolicyClient
 
 _SEED_STRIDE = 1_000_003  # request seed = episode seed * stride + step
 

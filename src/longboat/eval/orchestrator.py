@@ -246,7 +246,7 @@ def _save(out: Path, finished: FinishedEpisode) -> dict:
 def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     if cfg.is_url:
         return cfg.policy
-    from longboat.eval.server_manager import ServerManager
+    from longboat.serving.server_manager import ServerManager
     from longboat.checkpoint.export import find_export
 
     s = cfg.serve

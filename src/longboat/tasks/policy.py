@@ -21,13 +21,14 @@ from pydantic import Field, model_validator
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.robot import DatasetMeta, RobotDataError, RobotDataset, split_episodes
+from longboat.data.robot.prompts import PromptTokens
 from longboat.data.robot.transforms import Pipeline, pipeline_assets
 from longboat.data.tokenizer import Tokenizer, TokenizerError
 from longboat.distributed.loss import LossFn, LossOutput, unwrap
-from longboat.models.policy.base import PolicyConfig
+from longboat.models.policy.base import PolicyConfig, observation_keys
 from longboat.models.policy.manifest import POLICY_SPEC, POLICY_SPEC_VERSION
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
-from longboat.tasks.policy_data import PolicyWindows, PromptTokens, delta_timestamps, observation_keys
+from longboat.tasks.policy_data import PolicyWindows, delta_timestamps
 from longboat.tasks.pretrain import tokenizer_assets
 from longboat.trainer.optim import ParamGroup
 from longboat.utils.logging import console

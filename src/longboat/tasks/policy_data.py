@@ -13,48 +13,18 @@ import torch
 from torch.utils.data import Dataset
 
 from longboat.data.robot import RobotDataset
+from longboat.data.robot.prompts import PromptTokens
 from longboat.data.robot.transforms import Pipeline
-from longboat.data.tokenizer import Tokenizer
-from longboat.models.policy.base import PolicyConfig
+from longboat.models.policy.base import PolicyConfig, observation_keys
 from longboat.models.policy.keyed_random import noise_key
 
 _INT63 = (1 << 63) - 1
-
-
-def observation_keys(cfg: PolicyConfig) -> list[str]:
-    """The dataset features a policy observes: its cameras, then its state."""
-    return [*cfg.image_features, *([cfg.state_feature] if cfg.state_feature is not None else [])]
 
 
 def delta_timestamps(cfg: PolicyConfig, fps: float) -> dict[str, list[float]]:
     """Observation windows ending at the sample's frame, and the action chunk starting there."""
     past = [(i - cfg.n_obs_steps + 1) / fps for i in range(cfg.n_obs_steps)]
     return {**{key: past for key in observation_keys(cfg)}, cfg.action_feature: [i / fps for i in range(cfg.horizon)]}
-
-
-class PromptTokens:
-    """Task strings -> right-padded token ids [L] and a mask [L] of the real tokens (truncated to L)."""
-
-    def __init__(self, tokenizer: Tokenizer, length: int):
-        self.tokenizer = tokenizer
-        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id
-        self.pad_id = pad if pad is not None else 0
-        self.length = length
-        self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # a dataset has few distinct prompts
-
-    def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if text not in self._cache:
-            ids = self.tokenizer.encode(text)[: self.length]
-            tokens = torch.full((self.length,), self.pad_id, dtype=torch.int64)
-            tokens[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
-            mask = torch.zeros(self.length, dtype=torch.bool)
-            mask[: len(ids)] = True
-            self._cache[text] = tokens, mask
-        return self._cache[text]
-
-    def batch(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [self(t) for t in texts]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
 def _row(index: int | tuple[int, int]) -> int:

@@ -8,7 +8,8 @@ from longboat.config.base import ConfigError, validate
 from longboat.models import build_model, get_model
 from longboat.models.policy.act import ACT, ACTConfig
 from longboat.models.policy.act.transformer import sinusoid_2d
-from longboat.recipes.policy_bundle import open_policy
+from longboat.recipes.artifact import open_artifact
+from longboat.serving.policy_bundle import open_policy
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import ACTION, write_policy_dataset
@@ -162,7 +163,7 @@ def test_tiny_act_trains_end_to_end(tmp_path):
     assert train[-1]["kl"] < 0.01 and {"l1", "kl"} <= set(valid[-1])
     # Held-out episode, in the dataset's units (actions span about [-2, 2]); 0.11 here.
     assert valid[-1]["action_mae"] < 0.25, valid[-1]
-    served = open_policy(run_dir)
+    served = open_policy(open_artifact(run_dir))
     obs = {CAM: torch.rand(2, 1, 3, 12, 16),  # raw frames: the export's pipeline crops them to the model's 10x14
            "observation.state": torch.randn(2, 1, 4), "task": ["push the block"] * 2}
     assert served.act(obs).shape == (2, 10, ACTION)

@@ -7,7 +7,7 @@ import pytest
 from longboat.cli.main import main
 from longboat.config.base import ConfigError
 from longboat.models.policy.manifest import read_policy_manifest
-from tests.eval.conftest import mlp_export
+from tests.serving.conftest import mlp_export
 
 GOOD = {"format_version": 1, "wire_keys": {"state": "observation.state"}, "fps": 10,
         "input_features": {"observation.state": {"shape": [8], "dtype": "float32", "model_shape": [8]}},

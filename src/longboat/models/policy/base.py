@@ -50,6 +50,11 @@ class PolicyConfig(StrictModel):
         return self
 
 
+def observation_keys(cfg: PolicyConfig) -> list[str]:
+    """The dataset features a policy observes: its cameras, then its state."""
+    return [*cfg.image_features, *([cfg.state_feature] if cfg.state_feature is not None else [])]
+
+
 class Policy(nn.Module):
     """Base of every policy: ``forward`` is the training loss, ``predict`` the action chunk."""
 

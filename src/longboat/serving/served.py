@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from longboat.errors import LongboatError
-from longboat.eval.protocol import PROMPT_KEY, SEED_KEY
+from longboat.serving.protocol import PROMPT_KEY, SEED_KEY
 
 MAX_SEED = (1 << 63) - 1
 

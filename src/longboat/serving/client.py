@@ -18,7 +18,7 @@ from websockets.frames import CloseCode
 from websockets.sync.client import ClientConnection, connect
 
 from longboat.errors import LongboatError
-from longboat.eval.protocol import SEED_KEY, Packer, unpackb
+from longboat.serving.protocol import SEED_KEY, Packer, unpackb
 
 
 # close codes that answer the request itself (too big, policy violation, server error): resending would not help

@@ -1,5 +1,8 @@
-"""A trained policy ready to act: the model, its transform pipeline and ``policy.json``, from an export, a run
-directory or a checkpoint, with nothing else at hand (the dataset it was trained on may be gone).
+"""A trained policy ready to act: the model, its transform pipeline and ``policy.json``, from an opened export, run
+directory or checkpoint, with nothing else at hand (the dataset it was trained on may be gone).
+
+The caller opens the artifact (``recipes.artifact.open_artifact``: run directories, plugins, checkpoints) and hands
+it over; what is read here is only what any opened artifact has: its model, config, assets and source.
 
 ``act`` maps raw observations (keyed by dataset features, in robot units) to action chunks in robot units: the
 pipeline as in training (evaluation mode), the prompt tokenized when the policy reads one, ``predict``, then the
@@ -15,14 +18,13 @@ from pathlib import Path
 import torch
 
 from longboat.checkpoint.export import ExportError
+from longboat.data.robot.prompts import PromptTokens
 from longboat.data.robot.transforms import Pipeline, pipeline_from_assets
 from longboat.data.robot.transforms.export import TRANSFORMS_CONFIG, TRANSFORMS_STATS
 from longboat.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
 from longboat.errors import LongboatError
-from longboat.models.policy.base import Policy, PolicyConfig
+from longboat.models.policy.base import Policy, PolicyConfig, observation_keys
 from longboat.models.policy.manifest import POLICY_SPEC, read_policy_manifest
-from longboat.recipes.artifact import Artifact, open_artifact
-from longboat.tasks.policy_data import PromptTokens, observation_keys
 
 
 class ObservationError(LongboatError, ValueError):
@@ -75,16 +77,16 @@ class PolicyBundle:
         return self.pipeline.unapply({**context, cfg.action_feature: chunk})[cfg.action_feature]
 
 
-def _asset_bytes(artifact: Artifact, name: str) -> bytes:
+def _asset_bytes(artifact, name: str) -> bytes:
     value = artifact.assets.get(name)
     if value is None:
         raise ExportError(f"{artifact.source}: no {name}; it is not a policy trained by longboat's policy task")
     return value.read_bytes() if isinstance(value, Path) else value
 
 
-def open_policy(path: str | Path) -> PolicyBundle:
-    """The policy of an export, a run directory (its export, else its newest checkpoint) or a checkpoint."""
-    artifact = open_artifact(path)
+def open_policy(artifact) -> PolicyBundle:
+    """The policy of an opened artifact (``recipes.artifact.Artifact``: an export, a run directory's export, else its
+    newest checkpoint, or a checkpoint)."""
     if not isinstance(artifact.model, Policy):
         raise ExportError(f"{artifact.source}: holds a '{artifact.arch}' model, not a policy")
     spec = read_policy_manifest(_asset_bytes(artifact, POLICY_SPEC), f"{artifact.source}/{POLICY_SPEC}")
@@ -96,7 +98,7 @@ def open_policy(path: str | Path) -> PolicyBundle:
     return PolicyBundle(artifact.model, artifact.config, pipeline, spec, prompts, artifact.source)
 
 
-def _tokenizer(artifact: Artifact) -> Tokenizer:
+def _tokenizer(artifact) -> Tokenizer:
     """The artifact's tokenizer: the export's files, or a checkpoint's (held as bytes) read through a scratch dir."""
     value = artifact.assets.get(TOKENIZER_FILE)
     if isinstance(value, Path):

@@ -14,9 +14,9 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
-from longboat.eval.random_policy import RandomPolicy, RandomPolicyConfig
-from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
-from tests.eval.conftest import SMALL, random_server, small_obs
+from longboat.serving.random_policy import RandomPolicy, RandomPolicyConfig
+from longboat.serving.server import PolicyServer, ServerConfig, serving_in_thread
+from tests.serving.conftest import SMALL, random_server, small_obs
 
 
 def test_openpi_client_gets_actions(served):
@@ -161,9 +161,9 @@ def test_observations_are_checked_against_the_policy_before_a_batch(served, tmp_
         assert match in _refused(port, msgpack_numpy.packb(obs))
     assert server.stats.forward_passes == 0  # none reached the policy
     # an export checks the same way
-    from longboat.eval.served import RequestError
+    from longboat.serving.served import RequestError
     from longboat.recipes.serve import open_served_policy
-    from tests.eval.conftest import mlp_export
+    from tests.serving.conftest import mlp_export
 
     export = open_served_policy(mlp_export(tmp_path / "export", state_dim=8))
     with pytest.raises(RequestError, match="'observation.state': expected finite numbers"):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from openpi_client import msgpack_numpy as openpi
 
-from longboat.eval.protocol import Packer, ProtocolError, packb, unpackb
+from longboat.serving.protocol import Packer, ProtocolError, packb, unpackb
 
 
 def _message():

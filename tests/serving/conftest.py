@@ -1,12 +1,13 @@
-"""Servers for the eval tests: the real ``PolicyServer`` on an event loop in a background thread, any free port."""
+"""Servers for the serving and eval tests: the real ``PolicyServer`` on an event loop in a background thread, any
+free port."""
 
 from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
-from longboat.eval.random_policy import RandomPolicy, RandomPolicyConfig
-from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
+from longboat.serving.random_policy import RandomPolicy, RandomPolicyConfig
+from longboat.serving.server import PolicyServer, ServerConfig, serving_in_thread
 
 SMALL = {"observation/image": [32, 32, 3], "observation/state": [8]}
 

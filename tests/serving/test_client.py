@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from longboat.eval.client import ActionChunker, PolicyClient, ServerError, ServerUnavailable
-from longboat.eval.server_manager import free_port
-from tests.eval.conftest import random_server, small_obs
+from longboat.serving.client import ActionChunker, PolicyClient, ServerError, ServerUnavailable
+from longboat.serving.server_manager import free_port
+from tests.serving.conftest import random_server, small_obs
 
 
 def test_reconnects_after_the_server_restarts():
@@ -91,6 +91,6 @@ def test_chunker_refuses_chunks_shorter_than_the_replanning_period():
 
 def test_client_and_manager_import_without_torch():
     """A simulator worker talks to the server without loading torch."""
-    code = "import sys, longboat.eval.client, longboat.eval.server_manager; print('torch' in sys.modules)"
+    code = "import sys, longboat.serving.client, longboat.serving.server_manager; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -10,10 +10,11 @@ import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from longboat.checkpoint.dcp import CheckpointManager, load_model_weights
-from longboat.eval.server import PolicyServer, ServerConfig, serving_in_thread
+from longboat.recipes.artifact import open_artifact
 from longboat.recipes.config import load_run_dir_config
-from longboat.recipes.policy_bundle import ObservationError, open_policy
 from longboat.recipes.serve import open_served_policy
+from longboat.serving.policy_bundle import ObservationError, open_policy
+from longboat.serving.server import PolicyServer, ServerConfig, serving_in_thread
 from longboat.trainer.metrics import read_metrics
 from tests.conftest import run_longboat
 from tests.tasks.policy_dataset import ACTION, FPS, TASKS, write_policy_dataset
@@ -67,7 +68,7 @@ def test_export_and_checkpoint_serve_the_in_process_actions(trained):
     expected = chunk["action"]
     assert expected.shape == (3, resolved.model.horizon, ACTION)
 
-    served = open_policy(run_dir)  # the run's export
+    served = open_policy(open_artifact(run_dir))  # the run's export
     assert served.source == run_dir / "export"
     torch.testing.assert_close(served.act(obs), expected)
     assert served.spec["fps"] == FPS and served.spec["tasks"] == list(TASKS)
@@ -77,7 +78,7 @@ def test_export_and_checkpoint_serve_the_in_process_actions(trained):
         served.from_wire({"top": obs[CAMERA]})
     with pytest.raises(ObservationError, match=r"the observation lacks \['observation.state'\]"):
         served.act({CAMERA: obs[CAMERA]})
-    from_checkpoint = open_policy(CheckpointManager(run_dir / "checkpoints").latest())
+    from_checkpoint = open_policy(open_artifact(CheckpointManager(run_dir / "checkpoints").latest()))
     torch.testing.assert_close(from_checkpoint.act(obs), expected)
     # The export's actions are the dataset's: near the recorded ones where the policy fits well.
     recorded = torch.stack([raw_observations(dataset, [r])["observation.state"][0, 0, :ACTION] for r in (1, 8)])
@@ -88,7 +89,7 @@ def test_longboat_serve_gives_openpi_client_the_bundle_actions(trained):
     """The trained export behind the real server, queried by the real openpi-client with uint8 images."""
     dataset, run_dir = trained
     obs = raw_observations(dataset, [0, 7, 19])
-    expected = open_policy(run_dir).act(obs)
+    expected = open_policy(open_artifact(run_dir)).act(obs)
     with serving_in_thread(PolicyServer(open_served_policy(run_dir), ServerConfig(port=0))) as port:
         client = WebsocketClientPolicy("127.0.0.1", port)
         assert client.get_server_metadata()["observation_keys"] == ["top", "joints"]

@@ -37,9 +37,9 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from longboat.config.base import StrictModel
-from longboat.eval.addresses import bind_error
-from longboat.eval.protocol import HEALTH_PATH, SEED_KEY, Packer, ProtocolError, unpackb
-from longboat.eval.served import MAX_SEED, RequestError, ServedPolicy, seed_of, to_numpy
+from longboat.serving.addresses import bind_error
+from longboat.serving.protocol import HEALTH_PATH, SEED_KEY, Packer, ProtocolError, unpackb
+from longboat.serving.served import MAX_SEED, RequestError, ServedPolicy, seed_of, to_numpy
 
 log = logging.getLogger("longboat.serve")
 

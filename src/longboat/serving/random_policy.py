@@ -18,7 +18,7 @@ from pydantic import Field
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel, validate, yaml_problem
-from longboat.eval.served import RequestError, check_keys, checked_array, image_tensor, prompt_of, vector_tensor
+from longboat.serving.served import RequestError, check_keys, checked_array, image_tensor, prompt_of, vector_tensor
 
 LIBERO_LIKE = {"observation/image": [224, 224, 3], "observation/wrist_image": [224, 224, 3], "observation/state": [8]}
 
@@ -104,3 +104,8 @@ class RandomPolicy:
         if self.cfg.delay_ms:
             time.sleep(self.cfg.delay_ms / 1000)
         return [{"actions": a} for a in actions.cpu().numpy()]
+
+
+def random_policy(spec: str, device: str | torch.device = "cpu") -> RandomPolicy:
+    """The random stand-in ``--random-policy`` names (a YAML/JSON file or an inline JSON object) on ``device``."""
+    return RandomPolicy(load_random_policy_config(spec), device)

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from longboat.eval.client import PolicyClient
-from longboat.eval.server_manager import ServerManager, ServerStartError
-from tests.eval.conftest import small_obs
+from longboat.serving.client import PolicyClient
+from longboat.serving.server_manager import ServerManager, ServerStartError
+from tests.serving.conftest import small_obs
 
 SPEC = '{"observation": {"observation/image": [32, 32, 3], "observation/state": [8]}}'
 
@@ -61,7 +61,7 @@ def test_serve_stops_gracefully_when_its_stdin_ends(tmp_path):
     import subprocess
     import sys
 
-    from longboat.eval.server_manager import free_port
+    from longboat.serving.server_manager import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "longboat", "serve", "--random-policy", SPEC, "--port", str(port),

@@ -23,8 +23,8 @@ import urllib.request
 from pathlib import Path
 
 from longboat.errors import LongboatError
-from longboat.eval.addresses import bind_error
-from longboat.eval.protocol import HEALTH_PATH
+from longboat.serving.addresses import bind_error
+from longboat.serving.protocol import HEALTH_PATH
 
 log = logging.getLogger("longboat.serve")
 
