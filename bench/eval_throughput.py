@@ -31,7 +31,7 @@ TASK, CAMERA, HORIZON = "reach-v3", "corner", 8
 
 
 def setup(args, root: Path, name: str, num_envs: int, window_ms: float, vector: str) -> dict:
-    from longboat.data.robot.record import metaworld_env
+    from longboat.sim import metaworld_env
     from longboat.eval.config import EvalConfig
     from longboat.eval.orchestrator import run_eval
     from longboat.eval.results import read_results

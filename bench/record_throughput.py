@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from longboat.data.robot.record import make_env, record
+from longboat.sim import make_env, record
 
 ENVS = ("metaworld:reach-v3", "metaworld:pick-place-v3", "fetch:push", "fetch:pick_and_place", "pusht:push_t")
 

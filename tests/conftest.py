@@ -80,7 +80,7 @@ POINT_PLUGIN = REPO / "tests" / "plugins" / "point_sim.py"
 def point_plugin():
     """``tests/plugins/point_sim.py`` (a simulator, its runner and a transform); what it registers, and its module,
     are gone after the test, so another test sees the registries as longboat fills them."""
-    from longboat.data.robot.record.registry import SIMULATORS
+    from longboat.sim.registry import SIMULATORS
     from longboat.data.robot.transforms import base as transforms_base
     from longboat.eval.runners import RUNNERS
 

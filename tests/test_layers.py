@@ -10,8 +10,8 @@ import longboat
 
 SRC = Path(longboat.__file__).resolve().parent
 
-# Top to bottom; a package may import from its own layer or below. serving/ (and sim/, which does not exist yet)
-# sit beside tasks/ so that eval/ may use them.
+# Top to bottom; a package may import from its own layer or below. serving/ and sim/ sit beside tasks/ so that
+# eval/ may use them.
 LAYERS = [
     {"cli", "__main__"},
     {"recipes"},
@@ -25,10 +25,12 @@ LAYERS = [
 RANK = {package: len(LAYERS) - i for i, layer in enumerate(LAYERS) for package in layer}
 
 # Imports a layer allows but the design does not: evaluation serves and scores any policy, so it takes nothing from
-# the training tasks or the recipes; distributed/ parallelizes any model and the trainer drives it, never the reverse.
+# the training tasks or the recipes, nor do the simulators it steps; distributed/ parallelizes any model and the
+# trainer drives it, never the reverse.
 FORBIDDEN = {
     ("eval", "recipes"),
     ("eval", "tasks"),
+    ("sim", "tasks"),  # simulators and their experts serve recording and evaluation, never a training task
     ("distributed", "trainer"),
 }
 

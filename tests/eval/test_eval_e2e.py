@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from longboat.data.robot.encode import video_info
-from longboat.data.robot.record import record
 from longboat.eval.config import EvalConfig
 from longboat.eval.orchestrator import run_eval
 from longboat.eval.results import read_results
 from longboat.serving.server_manager import ServerManager
+from longboat.sim import record
 from tests.conftest import REPO, run_longboat
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from longboat.config.base import ConfigError
-from longboat.data.robot.record import make_env
 from longboat.eval.runners import ObservationSpec, make_runner
 from longboat.eval.runners.base import FRAME_INFO, RunnerSetupError
+from longboat.sim import make_env
 
 pytestmark = pytest.mark.slow
 

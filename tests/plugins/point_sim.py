@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from longboat.config.base import StrictModel
-from longboat.data.robot.record import SimEnv, register_simulator
 from longboat.data.robot.transforms import Transform, register_transform
 from longboat.eval.runners import register_runner
 from longboat.eval.runners.sim import SimRunner
+from longboat.sim import SimEnv, register_simulator
 
 TASKS = {"reach": 0.05, "reach_far": 0.02}  # task -> the distance to the goal that counts as success
 

@@ -11,7 +11,7 @@ import pytest
 
 from longboat.utils.lazy import lazy_exports
 
-LAZY_PACKAGES = ["longboat.distributed", "longboat.data.robot", "longboat.data.robot.record"]
+LAZY_PACKAGES = ["longboat.distributed", "longboat.data.robot", "longboat.sim"]
 
 
 def test_a_name_cannot_be_its_own_submodules():

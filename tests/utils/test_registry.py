@@ -134,7 +134,7 @@ def _transform():
 
 
 def _simulator():
-    from longboat.data.robot.record import SimEnv, register_simulator
+    from longboat.sim import SimEnv, register_simulator
 
     class OtherSim(SimEnv):
         pass
@@ -166,8 +166,8 @@ def _chat_template():
                   r"\(src/longboat/models/llm/adapters/llama\.py:\d+\), again by .*OtherAdapter"),
     (_transform, r"transform 'normalize' registered twice: first by longboat\.data\.robot\.transforms\.normalize\.\w+ "
                  r"\(src/longboat/data/robot/transforms/normalize\.py:\d+\), again by .*OtherTransform"),
-    (_simulator, r"simulator 'fetch' registered twice: first by longboat\.data\.robot\.record\.fetch_env\.FetchEnv "
-                 r"\(src/longboat/data/robot/record/fetch_env\.py:\d+\), again by .*OtherSim"),
+    (_simulator, r"simulator 'fetch' registered twice: first by longboat\.sim\.fetch_env\.FetchEnv "
+                 r"\(src/longboat/sim/fetch_env\.py:\d+\), again by .*OtherSim"),
     (_runner, r"benchmark 'fetch' registered twice: first by longboat\.eval\.runners\.sim\.FetchRunner "
               r"\(src/longboat/eval/runners/sim\.py:\d+\), again by .*OtherRunner"),
     (_chat_template, r"chat template 'chatml' registered twice: first by src/longboat/data/chat/builtin\.py:\d+, "

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longboat.config.base import ConfigError
-from longboat.data.robot.record.progress import RecordProgress
-from longboat.data.robot.record.recorder import DEFAULT_CAMERA_KEY
 from longboat.errors import WorldError
 from longboat.eval.config import EvalConfig
 from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_client, run_episodes,
@@ -28,8 +26,10 @@ from longboat.eval.results import (RESULTS_FILE, RUN_FILE, ResultsFile, read_res
                                    write_summary)
 from longboat.eval.runners import ObservationSpec, Runner, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
+from longboat.sim.recorder import DEFAULT_CAMERA_KEY
 from longboat.utils.interrupt import ctrl_c_sets
 from longboat.utils.plugins import load_plugins
+from longboat.utils.progress import RecordProgress
 
 VIDEO_DIR = "videos"
 

@@ -84,7 +84,7 @@ def record(
     overwrite: bool = False,
 ) -> Path | None:
     """``longboat data record``: scripted experts in simulators write a LeRobot v3.0 dataset; returns its path."""
-    from longboat.data.robot.record import record as record_episodes  # imports the simulators' registrations
+    from longboat.sim import record as record_episodes  # imports the simulators' registrations
 
     return record_episodes(envs, episodes, output, cameras=cameras, image_size=image_size, max_steps=max_steps,
                            only_success=only_success, seed=seed, overwrite=overwrite).output

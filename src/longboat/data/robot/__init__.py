@@ -1,8 +1,8 @@
 """Robot data: LeRobot datasets (read v3.0 and v2.1, write v3.0), their statistics, and the transforms
 (``longboat.data.robot.transforms``) a policy trains and serves with.
 
-The names below load on first use, so a process that only needs a submodule (a simulator worker importing
-``longboat.data.robot.record``) does not pay for torch and the dataset reader.
+The names below load on first use, so a process that only needs a submodule (the recorder in
+``longboat.sim`` importing the writer) does not pay for torch and the dataset reader.
 """
 
 from longboat.utils.lazy import lazy_exports

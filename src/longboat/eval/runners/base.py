@@ -20,8 +20,8 @@ from typing import Callable, Literal
 import numpy as np
 
 from longboat.config.base import ConfigError
-from longboat.data.robot.record.optional import import_simulator
 from longboat.errors import LongboatError
+from longboat.sim.optional import import_simulator
 from longboat.utils.plugins import with_plugins
 from longboat.utils.registry import Registry
 

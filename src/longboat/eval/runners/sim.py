@@ -8,11 +8,11 @@ from typing import Callable
 
 import numpy as np
 
-from longboat.data.robot.record.metaworld_env import adopt_benchmark, benchmark
-from longboat.data.robot.record.optional import import_simulator
-from longboat.data.robot.record.registry import SIMULATORS, make_env
 from longboat.eval.runners.base import (FRAME_INFO, IMAGE_PREFIX, STATE_FEATURE, ObservationSpec, Runner,
                                         RunnerSetupError, register_runner)
+from longboat.sim.metaworld_env import adopt_benchmark, benchmark
+from longboat.sim.optional import import_simulator
+from longboat.sim.registry import SIMULATORS, make_env
 
 
 def _sim_task_env(env_name: str, spec: ObservationSpec, bounds: tuple[float, float]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from longboat.data.robot.record.errors import RecordError
+from longboat.sim.errors import SimError
 
 
 def import_simulator(package: str):
@@ -16,6 +16,6 @@ def import_simulator(package: str):
         return importlib.import_module(package)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] == package.split(".")[0]:
-            raise RecordError(f"the simulator package '{package}' is not installed: "
+            raise SimError(f"the simulator package '{package}' is not installed: "
                               "pip install 'longboat[sim]'") from None
         raise

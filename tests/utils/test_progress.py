@@ -4,7 +4,7 @@ import io
 import sys
 from dataclasses import dataclass
 
-from longboat.data.robot.record.progress import RecordProgress
+from longboat.utils.progress import RecordProgress
 
 
 class _Terminal(io.StringIO):

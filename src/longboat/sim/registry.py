@@ -6,8 +6,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable
 
-from longboat.data.robot.record.env import SimEnv
-from longboat.data.robot.record.errors import RecordError
+from longboat.sim.env import SimEnv
+from longboat.sim.errors import SimError
 from longboat.utils.registry import Registry, caller_source, source_of
 
 
@@ -17,7 +17,7 @@ class Simulator:
     make: Callable[[str], SimEnv]
 
 
-SIMULATORS: Registry[Simulator] = Registry("simulator", "known simulators", RecordError)
+SIMULATORS: Registry[Simulator] = Registry("simulator", "known simulators", SimError)
 
 
 def register_simulator(prefix: str, tasks: Callable[[], list[str]]):
@@ -41,9 +41,9 @@ def make_env(name: str) -> SimEnv:
     if sim is None or not task:
         close = difflib.get_close_matches(prefix, list(SIMULATORS), n=1, cutoff=0.6) if task else []
         hint = f"did you mean '{close[0]}:{task}'? " if close else ""
-        raise RecordError(f"unknown environment {name!r}: {hint}expected <simulator>:<task> with simulator one of "
+        raise SimError(f"unknown environment {name!r}: {hint}expected <simulator>:<task> with simulator one of "
                           f"{', '.join(SIMULATORS)} (e.g. fetch:push; one of your own registers through --plugin)")
     tasks = sim.tasks()
     if task not in tasks:
-        raise RecordError(f"unknown environment {name!r}; known {prefix} tasks: {', '.join(tasks)}")
+        raise SimError(f"unknown environment {name!r}; known {prefix} tasks: {', '.join(tasks)}")
     return sim.make(task)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from longboat.data.robot.record.errors import RenderError
-from longboat.data.robot.record.optional import import_simulator
+from longboat.sim.errors import RenderError
+from longboat.sim.optional import import_simulator
 
 
 class CameraRenderer:

@@ -1,4 +1,5 @@
-"""A live progress bar of the episodes recorded, with each environment's success rate so far (terminals only)."""
+"""A live progress bar of the episodes recorded or evaluated, with each environment's success rate so far (terminals
+only)."""
 
 from __future__ import annotations
 

@@ -19,16 +19,20 @@ from typing import Sequence
 import numpy as np
 
 from longboat.data.robot.encode import VideoOptions
-from longboat.data.robot.record.env import SimEnv
-from longboat.data.robot.record.errors import RecordError, RenderError
-from longboat.data.robot.record.progress import RecordProgress
-from longboat.data.robot.record.registry import make_env
 from longboat.data.robot.writer import RobotDatasetWriter
+from longboat.sim.env import SimEnv
+from longboat.sim.errors import RenderError, SimError
+from longboat.sim.registry import make_env
 from longboat.utils.interrupt import Interrupted, signals_set, stop_signal
 from longboat.utils.outputs import check_output, check_place, staged_output
+from longboat.utils.progress import RecordProgress
 
 DEFAULT_CAMERA_KEY = "main"  # when the environments' default cameras differ in name
 MAX_IMAGE_SIZE = 8704  # SVT-AV1, the default video codec, encodes frames at most 8704 pixels high
+
+
+class RecordError(SimError):
+    """A recording request is out of range (episodes, sizes, cameras), or its output cannot be written."""
 
 
 @dataclass

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from longboat.data.robot.record.env import SimEnv
-from longboat.data.robot.record.optional import import_simulator
-from longboat.data.robot.record.pusht_expert import PushTExpert
-from longboat.data.robot.record.registry import register_simulator
+from longboat.sim.env import SimEnv
+from longboat.sim.optional import import_simulator
+from longboat.sim.pusht_expert import PushTExpert
+from longboat.sim.registry import register_simulator
 
 
 @register_simulator("pusht", lambda: ["push_t"])

@@ -12,12 +12,11 @@ import pytest
 
 from longboat.cli.main import main
 from longboat.data.robot import RobotDataset
-from longboat.data.robot.record import RecordError, known_envs, make_env, record, register_simulator
-from longboat.data.robot.record.errors import RenderError
-from longboat.data.robot.record.recorder import MAX_IMAGE_SIZE
-from longboat.data.robot.record.fetch_env import FetchEnv
-from longboat.data.robot.record.optional import import_simulator
-from longboat.data.robot.record.registry import SIMULATORS
+from longboat.sim import RecordError, RenderError, SimError, known_envs, make_env, record, register_simulator
+from longboat.sim.fetch_env import FetchEnv
+from longboat.sim.optional import import_simulator
+from longboat.sim.recorder import MAX_IMAGE_SIZE
+from longboat.sim.registry import SIMULATORS
 from longboat.utils.outputs import OutputError
 
 SIZE = 32
@@ -150,12 +149,12 @@ def test_ctrl_c_mid_episode(tmp_path, interrupted_sim, at, ctrl_c):
 
 
 def test_bad_input(tmp_path):
-    with pytest.raises(RecordError, match=r"known fetch tasks: reach, push, pick_and_place"):
+    with pytest.raises(SimError, match=r"known fetch tasks: reach, push, pick_and_place"):
         make_env("fetch:slide")
-    with pytest.raises(RecordError, match=r"simulator one of .*fetch.*metaworld"):
+    with pytest.raises(SimError, match=r"simulator one of .*fetch.*metaworld"):
         make_env("gym:push")
     assert "metaworld:pick-place-v3" in known_envs() and "fetch:push" in known_envs()
-    with pytest.raises(RecordError, match=r"'no_such_simulator' is not installed: pip install 'longboat\[sim\]'"):
+    with pytest.raises(SimError, match=r"'no_such_simulator' is not installed: pip install 'longboat\[sim\]'"):
         import_simulator("no_such_simulator")
     with pytest.raises(RecordError, match=r"fetch:reach has no camera corner; its cameras: external_camera_0"):
         record(["fetch:reach"], 1, tmp_path / "a", cameras=["corner"])

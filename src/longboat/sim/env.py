@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from longboat.data.robot.record.render import CameraRenderer
+from longboat.sim.render import CameraRenderer
 
 
 class SimEnv(ABC):

@@ -7,9 +7,9 @@ import warnings
 
 import numpy as np
 
-from longboat.data.robot.record.env import SimEnv
-from longboat.data.robot.record.optional import import_simulator
-from longboat.data.robot.record.registry import register_simulator
+from longboat.sim.env import SimEnv
+from longboat.sim.optional import import_simulator
+from longboat.sim.registry import register_simulator
 
 # Task strings for the tasks the experts solve about every time; others are named after the task.
 TASK_TEXT = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from longboat.data.robot.record.env import SimEnv
-from longboat.data.robot.record.fetch_experts import EXPERTS
-from longboat.data.robot.record.optional import import_simulator
-from longboat.data.robot.record.registry import register_simulator
+from longboat.sim.env import SimEnv
+from longboat.sim.fetch_experts import EXPERTS
+from longboat.sim.optional import import_simulator
+from longboat.sim.registry import register_simulator
 
 GYM_IDS = {"reach": "FetchReach-v4", "push": "FetchPush-v4", "pick_and_place": "FetchPickAndPlace-v4"}
 TASK_TEXT = {"reach": "move the gripper to the red target", "push": "push the block to the red target",
