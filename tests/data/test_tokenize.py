@@ -177,6 +177,8 @@ def test_bad_jsonl_rows(tmp_path, tok_dir):
     _fails(tmp_path, tok_dir, [src], TextSourceError, re.escape(f"{src}:2: not valid JSON"))
     src.write_text('{"text": 5}\n')
     _fails(tmp_path, tok_dir, [src], TextSourceError, re.escape(f"{src}:1: 'text' is int, expected a string"))
+    src.write_text('{"text": "ok"}\n' + "[" * 100_000 + "\n")
+    _fails(tmp_path, tok_dir, [src], TextSourceError, re.escape(f"{src}:2: JSON nested too deeply to read"))
 
 
 def test_parquet_without_column(tmp_path, tok_dir):

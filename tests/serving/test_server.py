@@ -187,3 +187,16 @@ def test_serve_bad_input_is_one_error_line(args, code, message, capsys):
         assert main(["serve", "--random-policy", *args]) == code
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ('{"a": ' + "[" * 100_000, "--random-policy: JSON nested too deeply to read"),
+    ("[" * 100_000, "is neither a file nor an inline JSON object"),
+    ("{'a': 1}", "--random-policy: not valid JSON"),
+])
+def test_a_random_policy_spec_that_is_not_json_is_one_error_line(spec, message, capsys):
+    from longboat.cli.main import main
+
+    assert main(["serve", "--random-policy", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from longboat.errors import LongboatError
+from longboat.utils.json_files import parse_json
 
 TXT_MODES = ("file", "paragraph", "line")
 _MAX_BATCH_BYTES = 1 << 20  # also cut batches here: long documents still make many batches to share out
@@ -108,10 +108,7 @@ def batch_texts(batch: Batch, text_key: str = "text") -> list[str]:
         if not line.strip():
             continue
         where = f"{batch.path}:{batch.first_line + i}"
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise TextSourceError(f"{where}: not valid JSON ({e})") from None
+        row = parse_json(line, str(batch.path), TextSourceError, line=batch.first_line + i)
         if not isinstance(row, dict):
             raise TextSourceError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
         if text_key not in row:

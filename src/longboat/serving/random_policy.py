@@ -8,7 +8,6 @@ be compared.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel, validate, yaml_problem
 from longboat.serving.served import RequestError, check_keys, checked_array, image_tensor, prompt_of, vector_tensor
+from longboat.utils.json_files import JSONTextError, loads
 
 LIBERO_LIKE = {"observation/image": [224, 224, 3], "observation/wrist_image": [224, 224, 3], "observation/state": [8]}
 
@@ -40,7 +40,11 @@ def load_random_policy_config(spec: str) -> RandomPolicyConfig:
     source = spec
     if not spec.lstrip().startswith("{"):
         path = Path(spec)
-        if not path.is_file():
+        try:
+            is_file = path.is_file()
+        except OSError:  # e.g. a name longer than the file system allows
+            is_file = False
+        if not is_file:
             raise ConfigError(f"--random-policy: {spec} is neither a file nor an inline JSON object")
         try:
             data = yaml.safe_load(path.read_text()) or {}
@@ -49,9 +53,9 @@ def load_random_policy_config(spec: str) -> RandomPolicyConfig:
     else:
         source = "--random-policy"
         try:
-            data = json.loads(spec)
-        except ValueError as e:
-            raise ConfigError(f"--random-policy: not a JSON object ({e})") from None
+            data = loads(spec)
+        except JSONTextError as e:
+            raise ConfigError(f"--random-policy: {e.reason}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of RandomPolicyConfig fields")
     cfg = validate(RandomPolicyConfig, data, source)
