@@ -147,3 +147,15 @@ def test_resume_refuses_changed_groups(corpus, tmp_path):
     proc = run_longboat(*base, "--check")
     assert proc.returncode != 0 and "train.param_groups" in proc.stderr, proc.stderr
     assert run_longboat(*base, f"train.param_groups={RULES}", "--check").returncode == 0
+
+
+def test_under_lora_rules_act_on_the_adapters():
+    from longboat.models.lora import LoRAConfig, apply_lora, is_lora_name
+    from longboat.recipes.lora import lora_param_groups
+
+    model = small_model()
+    apply_lora(model, LoRAConfig(rank=2))
+    groups = apply_param_rules(model, lora_param_groups(model, None), rules((LAYER0, 0)))
+    freeze_outside(model, groups)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(is_lora_name(n) and n.startswith("layers.1.") for n in trainable)
