@@ -137,3 +137,28 @@ def test_pretraining_within_documents_on_two_ranks_matches_one_process(corpus, t
     assert len(curves["single"]) == 3
     for name in ("fsdp", "tp"):
         torch.testing.assert_close(curves[name], curves["single"], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_param_groups_freeze_and_scale_under_fsdp(corpus, tmp_path):
+    """``train.param_groups`` name the plain model's parameters under FSDP2 too: the frozen layer leaves the run
+    bitwise as it started (as in a run that trains only the final norm), and the loss follows one process's."""
+    from safetensors.torch import load_file
+
+    common = ["train.steps=3", "train.num_workers=0", "train.eval_batches=0"]
+    rules = '[{match: "layers.0.*", lr_scale: 0}, {match: "layers.1.*", lr_scale: 0.5}]'
+    only_norm = '[{match: "norm.weight", lr_scale: 1}, {match: "*", lr_scale: 0}]'
+    runs = {"fsdp": (["--nproc", "2"], rules), "single": ([], rules), "start": (["--nproc", "2"], only_norm)}
+    procs = {}
+    for name, (launch, groups) in runs.items():
+        extra = [] if launch else ["train.grad_accum=2"]  # 8 samples per step in each
+        args = tiny_run_args(tmp_path / name, corpus, *common, *extra, f"train.param_groups={groups}")
+        procs[name] = start([sys.executable, "-m", "longboat", "train", *launch, *args[1:]], tmp_path / f"{name}.log")
+    logs = {name: finish(proc, tmp_path / f"{name}.log", timeout=300) for name, proc in procs.items()}
+    for name, proc in procs.items():
+        assert proc.returncode == 0, logs[name][-6000:]
+    weights = {name: load_file(tmp_path / name / "export" / "model.safetensors") for name in runs}
+    for key, start_value in weights["start"].items():
+        same = torch.equal(weights["fsdp"][key], start_value)
+        assert same == key.startswith("layers.0."), key
+    curves = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in ("fsdp", "single")}
+    torch.testing.assert_close(curves["fsdp"], curves["single"], atol=1e-5, rtol=1e-5)

@@ -20,6 +20,8 @@ from longboat.models import get_model
 from longboat.models.lora import apply_lora
 from longboat.models.registry import PipelineSplit
 from longboat.recipes.config import ResolvedRun
+from longboat.recipes.lora import lora_param_groups
+from longboat.trainer.param_rules import apply_param_rules
 from longboat.utils.device import resolve_device
 
 
@@ -43,9 +45,8 @@ def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
         # their own placements (replicated A under a column split, B under a row split).
         raise ConfigError(f"lora: LoRA does not combine with tensor parallelism (parallel.tp={dims.tp}); "
                           "use parallel.tp=1 with FSDP or DDP, which shard or replicate the adapters correctly")
-    if cfg.lora is not None:
-        with torch.device("meta"):  # the targets checked against the model's layers, at no memory cost
-            apply_lora(resolved.spec.build(resolved.model), cfg.lora)
+    if cfg.lora is not None or cfg.train.param_groups:
+        check_param_rules(resolved)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
     if dims.ep > 1:
         with torch.device("meta"):
@@ -55,6 +56,20 @@ def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
     resolved.task.check(resolved.model)
     resume_from = check_resume(resolved) if cfg.checkpoint.resume else None
     return Preflight(dims, tp_plan, family, resume_from, pipeline)
+
+
+def check_param_rules(resolved: ResolvedRun) -> None:
+    """LoRA's targets and ``train.param_groups`` against the model's parameters, on a model that holds no memory."""
+    cfg = resolved.cfg
+    with torch.device("meta"):
+        model = resolved.spec.build(resolved.model)
+        if cfg.lora is not None:
+            apply_lora(model, cfg.lora)
+    if cfg.train.param_groups:
+        groups = resolved.task.param_groups(model)
+        if cfg.lora is not None:
+            groups = lora_param_groups(model, groups)
+        apply_param_rules(model, groups, cfg.train.param_groups)
 
 
 def check_pipeline(resolved: ResolvedRun) -> PipelineSplit:
@@ -83,8 +98,9 @@ def hf_export_family(resolved: ResolvedRun) -> str:
 def check_resume(resolved: ResolvedRun) -> Path | None:
     """The checkpoint a rerun resumes from, after checking that it holds this model for this task.
 
-    Another parallel layout is not a conflict (checkpoints reshard); another model shape, task or set of LoRA
-    adapters is, and the error names every field that differs, leaving the run directory untouched.
+    Another parallel layout is not a conflict (checkpoints reshard); another model shape, task, set of LoRA
+    adapters or ``train.param_groups`` (the optimizer state's layout) is, and the error names every field that
+    differs, leaving the run directory untouched.
     """
     run_dir = Path(resolved.cfg.run_dir)
     latest = latest_checkpoint(run_dir / "checkpoints")
@@ -97,6 +113,7 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
         saved_arch = saved_model.pop("arch")
         saved_task = saved.get("task", "pretrain")
         saved_lora = saved.get("lora")
+        saved_rules = (saved.get("train") or {}).get("param_groups") or []
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{saved_path}: unreadable ({e}); it describes the checkpoints in {run_dir}") from None
     differences = []
@@ -112,6 +129,11 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
     ours_lora = resolved.cfg.lora.model_dump(mode="json") if resolved.cfg.lora is not None else None
     if saved_lora != ours_lora:
         differences.append(f"lora {saved_lora!r} there, {ours_lora!r} here")
+    ours_rules = [r.model_dump(mode="json") for r in resolved.cfg.train.param_groups]
+    if saved_rules != ours_rules:
+        # Another set of groups is another optimizer-state layout, and the saved groups' learning rates would
+        # silently override the new scales.
+        differences.append(f"train.param_groups {saved_rules!r} there, {ours_rules!r} here")
     if differences:
         raise ConfigError(
             f"run_dir {run_dir} holds checkpoints ({latest.name}) of another model: " + "; ".join(differences)

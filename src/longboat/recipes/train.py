@@ -27,6 +27,7 @@ from longboat.recipes.config import ResolvedRun
 from longboat.recipes.lora import lora_param_groups, save_run_adapter, split_adapters
 from longboat.recipes.preflight import Preflight, preflight
 from longboat.trainer.optim import freeze_outside
+from longboat.trainer.param_rules import apply_param_rules
 from longboat.trainer.trainer import DataParallel, FitResult, Trainer
 from longboat.utils.device import set_threads
 from longboat.utils.logging import console
@@ -91,6 +92,7 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     groups = task.param_groups(model)
     if cfg.lora is not None:
         groups = lora_param_groups(model, groups)
+    groups = apply_param_rules(model, groups, cfg.train.param_groups)  # the run's rules, on top of the task's
     n_frozen = freeze_outside(model, groups)
     pipeline = None
     if checked.pipeline is not None:

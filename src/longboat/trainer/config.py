@@ -8,6 +8,7 @@ from pydantic import Field
 
 from longboat.config.base import StrictModel
 from longboat.trainer.optim import OptimizerConfig
+from longboat.trainer.param_rules import ParamRule
 from longboat.trainer.schedule import ScheduleConfig
 
 
@@ -23,6 +24,8 @@ class TrainerConfig(StrictModel):
     grad_accum: int = Field(default=1, gt=0)
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
+    param_groups: list[ParamRule] = Field(default_factory=list, description="per-component learning-rate scales "
+                                          "by glob over parameter names, first match wins; lr_scale 0 freezes")
     clip_grad_norm: float | None = 1.0
     # Autocast dtype for forward/backward; parameters and optimizer state stay fp32.
     dtype: Literal["fp32", "bf16"] = "fp32"
