@@ -47,11 +47,7 @@ MODELS_ALLOWED = {
     "longboat.models.policy.manifest",  # the policy manifest and POLICY_SPEC: a file format, not a model
     "longboat.models.policy.keyed_random",  # keyed noise any policy and the data pipeline share
     "longboat.models.llm.generation",  # sampling loop over any model with a KV cache, not the decoder itself
-    # The grouped-experts layer and its row permutations are the unit that expert and tensor parallelism shard:
-    # the parallel plan is written against this layer contract, whichever MoE architecture holds it.
-    "longboat.models.moe.experts",
-    "longboat.models.moe.permute",
-    "longboat.models.moe.tensor_parallel",
+    "longboat.models.contracts",  # ModelHooks / ExpertSets: what the engine asks of a model, declared by its spec
 }
 
 # Known upward imports that need a package move rather than an import fix; each names what removes it.

@@ -12,7 +12,7 @@ import torch
 from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelConfig, ParallelDims, resolve_dims
 from longboat.distributed.parallelize import parallelize
-from longboat.distributed.expert_parallel import expert_major_order
+from longboat.models.moe.expert_parallel import expert_major_order
 from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
 from longboat.distributed.parallelize import apply_activation_checkpointing, apply_compile
 from longboat.models import build_model

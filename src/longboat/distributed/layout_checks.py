@@ -12,12 +12,19 @@ from torch import nn
 
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
-from longboat.models.moe.experts import GroupedExperts
-from longboat.models.registry import PipelineSplit
+from longboat.models.contracts import ExpertSets
+from longboat.models.registry import PipelineSplit, hooks_of
 
 
-def expert_modules(model: nn.Module) -> list[GroupedExperts]:
-    return [m for m in model.modules() if isinstance(m, GroupedExperts)]
+def expert_sets(model: nn.Module) -> ExpertSets | None:
+    """What ``model``'s spec declares about its expert sets (None: it has none)."""
+    return hooks_of(model).experts
+
+
+def expert_modules(model: nn.Module, within: nn.Module | None = None) -> list[nn.Module]:
+    """The expert sets of ``model`` (those inside ``within``, one of its modules, when given)."""
+    sets = expert_sets(model)
+    return sets.modules(model if within is None else within) if sets is not None else []
 
 
 def check_expert_parallel(model: nn.Module, ep: int) -> None:
@@ -28,8 +35,9 @@ def check_expert_parallel(model: nn.Module, ep: int) -> None:
     if not experts:
         raise ConfigError(f"parallel.ep={ep} needs a mixture-of-experts model; {type(model).__name__} has no experts")
     for module in experts:
-        if module.n_experts % ep:
-            raise ConfigError(f"parallel.ep={ep} must divide the model's n_experts ({module.n_experts})")
+        n = expert_sets(model).n_experts(module)
+        if n % ep:
+            raise ConfigError(f"parallel.ep={ep} must divide the model's n_experts ({n})")
 
 
 def stage_layer_counts(n_layers: int, n_stages: int, explicit: Sequence[int] | None = None) -> list[int]:

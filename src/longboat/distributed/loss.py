@@ -26,7 +26,7 @@ class LossFn(Protocol):
 class StagedLoss(LossFn, Protocol):
     """A loss a pipeline can split between its stages: the model's inputs (every stage gets the keyword ones),
     the loss on the last stage's output, and the part that the auxiliary losses of a model's layers add (MoE
-    routers: ``moe_aux()``), which each stage adds for its own layers."""
+    routers: the spec's ``ModelHooks.aux``), which each stage adds for its own layers."""
 
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[tuple, dict]: ...
     def output_loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput: ...

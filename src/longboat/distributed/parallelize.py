@@ -26,9 +26,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 from longboat.distributed.expert_parallel import apply_expert_parallel
-from longboat.distributed.layout_checks import check_expert_parallel, expert_modules
+from longboat.distributed.layout_checks import check_expert_parallel, expert_modules, expert_sets
 from longboat.distributed.mesh import ParallelMesh
-from longboat.models.moe.tensor_parallel import reads_local_shards
 from longboat.models.registry import spec_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -140,11 +139,13 @@ def apply_compile(model: nn.Module, units: Sequence[str], eager: Sequence[nn.Mod
 
     A unit holding a module that must run eagerly instead has its largest submodules that hold none compiled, each
     as one graph, and runs the rest eagerly (torchtitan compiles its MoE blocks the same way). Such modules are those
-    of ``eager`` and every module whose forward swaps in its local shards (``reads_local_shards``: tensor- and
-    expert-parallel experts). Expert-parallel experts also read their all-to-all sizes from the routing on the host
+    of ``eager`` and every module whose forward swaps in its local shards (the spec's
+    ``ExpertSets.reads_local_shards``: tensor- and expert-parallel experts). Expert-parallel experts also read their all-to-all sizes from the routing on the host
     and send tokens with an in-place collective, neither of which a graph can hold.
     """
-    eager_ids = {id(m) for m in eager} | {id(m) for m in model.modules() if reads_local_shards(m)}
+    sets = expert_sets(model)
+    local = [m for m in model.modules() if sets.reads_local_shards(m)] if sets is not None else []
+    eager_ids = {id(m) for m in eager} | {id(m) for m in local}
     for _, _, unit in _require_units(model, units, "parallel.compile"):
         _compile_around(unit, eager_ids)
 
@@ -175,20 +176,21 @@ def apply_fsdp(model: nn.Module, units: Sequence[str], mesh: ParallelMesh, cfg: 
     for i, block in enumerate(blocks):
         # The last unit's gathered weights are needed again at once by backward: keep them.
         reshard = cfg.reshard_after_forward and i < len(blocks) - 1
-        _shard_experts(block, mesh, mp, reshard)
+        _shard_experts(model, block, mesh, mp, reshard)
         fully_shard(block, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=reshard)
-    _shard_experts(model, mesh, mp, cfg.reshard_after_forward)
+    _shard_experts(model, model, mesh, mp, cfg.reshard_after_forward)
     fully_shard(model, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
     for name in forward_methods:
         register_fsdp_forward_method(model, name)
 
 
-def _shard_experts(module: nn.Module, mesh: ParallelMesh, mp: MixedPrecisionPolicy, reshard: bool) -> None:
+def _shard_experts(model: nn.Module, module: nn.Module, mesh: ParallelMesh, mp: MixedPrecisionPolicy,
+                   reshard: bool) -> None:
     """Under expert parallel, FSDP units of their own for the experts (not yet sharded) inside ``module``, over
     the ranks that hold the same experts; the enclosing unit then leaves their weights alone."""
     if mesh.expert_fsdp is None:
         return
-    for experts in expert_modules(module):
+    for experts in expert_modules(model, module):
         if not isinstance(experts, FSDPModule):
             fully_shard(experts, mesh=mesh.expert_fsdp, mp_policy=mp, reshard_after_forward=reshard)
 

@@ -1,7 +1,7 @@
 """What longboat runs around each pipeline stage's forward: which micro-batch it is, the auxiliary losses of the
 stage's layers, and undoing torch's shape-inference forward.
 
-A model whose layers add auxiliary losses (MoE routers; the model's ``moe_aux()`` returns those of its last forward)
+A model whose layers add auxiliary losses (MoE routers; the spec's ``ModelHooks.aux`` returns those of its last forward)
 adds them to the training loss in one process. Under pipeline parallel each stage adds its own layers' part,
 weighted by the task's ``aux_loss`` as one process weights the whole: the stage's output passes through
 ``_AddAuxLoss``, whose backward gives the part the gradient 1. The part's gradient so reaches the stage's
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from longboat.distributed.loss import StagedLoss
+from longboat.models.registry import hooks_of
 
 MICROBATCH = "pipeline_microbatch"  # the keyword argument that tells a stage which micro-batch it runs
 
@@ -98,8 +99,8 @@ class StageHooks:
         return args, kwargs
 
     def _after(self, stage: int, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
-        moe_aux = getattr(module, "moe_aux", None)
-        aux = moe_aux() if moe_aux is not None and self.train else None
+        aux_of = hooks_of(module).aux
+        aux = aux_of(module) if aux_of is not None and self.train else None
         if aux is None:
             return output
         i = self._calls[stage][-1]

@@ -17,6 +17,7 @@ import yaml
 from torch import nn
 
 from longboat.config.base import ConfigError, StrictModel
+from longboat.models.contracts import NO_HOOKS, ModelHooks
 from longboat.utils.registry import Registry
 
 
@@ -69,7 +70,8 @@ class ModelSpec:
     ``forward_methods`` name methods besides ``forward`` that run the whole model (a policy's ``predict``), so
     FSDP2 gathers the weights for them too. ``initial_weights``: loaded into a new run's model before training
     (a resumed run's checkpoint replaces them). ``pipeline(cfg)`` checks that the config can be pipelined and
-    says how to cut the model (None: no pipeline parallelism).
+    says how to cut the model (None: no pipeline parallelism). ``hooks``: what the trainer, the tasks and
+    ``longboat.distributed`` ask of the model beyond ``forward`` (``models/contracts.py``).
     """
 
     name: str
@@ -82,6 +84,7 @@ class ModelSpec:
     hf: HFInterop | None = None
     initial_weights: InitialWeights | None = None
     pipeline: Callable[[Any], PipelineSplit] | None = None
+    hooks: ModelHooks = NO_HOOKS
 
     def build(self, cfg: StrictModel) -> nn.Module:
         return self.module(cfg)
@@ -135,6 +138,15 @@ def spec_of(model: nn.Module) -> ModelSpec:
         if isinstance(model, spec.module):
             return spec
     raise ConfigError(f"{type(model).__name__} is not a registered model")
+
+
+def hooks_of(model: nn.Module) -> ModelHooks:
+    """The hooks ``model``'s spec declares; none for a module no spec registers (a bare layer, a test's model)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    for spec in _MODELS.values():
+        if isinstance(model, spec.module):
+            return spec.hooks
+    return NO_HOOKS
 
 
 def hf_spec(hf_dir: str | Path) -> ModelSpec:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from longboat.data.labels import IGNORE_INDEX
 from longboat.distributed.loss import LossOutput, unwrap
+from longboat.models.registry import hooks_of
 
 
 def moe_metrics(aux: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -54,7 +55,7 @@ class LMLoss:
         return LossOutput(loss_sum, count, units)
 
     def aux_loss(self, aux: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> LossOutput:
-        """The part of the micro-batch's loss that MoE aux losses ``aux`` (``Decoder.moe_aux``) add: their weighted
+        """The part of the micro-batch's loss that MoE aux losses ``aux`` (the spec's ``ModelHooks.aux``) add: their weighted
         sum times the micro-batch's count, with their load statistics as metrics (and no units)."""
         labels = batch["labels"]
         if self.per_sample:
@@ -69,8 +70,8 @@ class LMLoss:
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         args, kwargs = self.model_inputs(batch)
         out = self.output_loss(model(*args, **kwargs), batch)
-        moe_aux = getattr(unwrap(model), "moe_aux", None)
-        aux = moe_aux() if moe_aux is not None and model.training else None
+        aux_of = hooks_of(unwrap(model)).aux
+        aux = aux_of(unwrap(model)) if aux_of is not None and model.training else None
         if aux is None:
             return out
         part = self.aux_loss(aux, batch)

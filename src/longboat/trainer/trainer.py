@@ -9,6 +9,7 @@ unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import signal
@@ -28,6 +29,7 @@ from longboat.errors import LongboatError
 from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load_task_state
 from longboat.data.loader import EpochOrder, ResumableLoader
 from longboat.distributed.loss import LossFn, LossOutput, StagedLoss, unwrap  # noqa: F401  (the trainer's API)
+from longboat.models.registry import hooks_of
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.trainer.ema import EMA
 from longboat.trainer.grad_norm import clip_grad_norm
@@ -137,7 +139,8 @@ class Trainer:
                           "matrices more slowly than fp32; train.dtype=fp32 is faster here")
         # MFU divides by every device of the job: tensor-parallel ranks share a data-parallel replica's work.
         self._n_devices = dist.get_world_size() if dist.is_initialized() else self.dp.size
-        self._after_optimizer_step = getattr(unwrap(model), "after_optimizer_step", None)
+        after_step = hooks_of(unwrap(model)).after_optimizer_step
+        self._after_optimizer_step = functools.partial(after_step, unwrap(model)) if after_step is not None else None
 
     def _check_data_size(self, data: Dataset) -> None:
         n = len(data)

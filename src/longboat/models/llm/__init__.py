@@ -5,6 +5,8 @@ from longboat.models.llm.config import DecoderConfig, RopeScaling
 from longboat.models.llm.hf_interop import DecoderHF
 from longboat.models.llm.model import Decoder
 from longboat.models.llm.pipeline_split import decoder_pipeline_split
+from longboat.models.contracts import ModelHooks
+from longboat.models.moe.contract import MOE_EXPERTS
 from longboat.models.registry import ModelSpec, register_model
 
 
@@ -13,6 +15,14 @@ def _tensor_parallel_plan(cfg: DecoderConfig, tp: int) -> dict:
     from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
 
     return checked_tensor_parallel_plan(cfg, tp)
+
+
+def _moe_aux(model: Decoder) -> dict | None:
+    return model.moe_aux()
+
+
+def _after_optimizer_step(model: Decoder, dp_group) -> None:
+    model.after_optimizer_step(dp_group)
 
 
 DECODER = register_model(ModelSpec(
@@ -24,6 +34,7 @@ DECODER = register_model(ModelSpec(
     tensor_parallel=_tensor_parallel_plan,
     hf=DecoderHF(),
     pipeline=decoder_pipeline_split,
+    hooks=ModelHooks(aux=_moe_aux, after_optimizer_step=_after_optimizer_step, experts=MOE_EXPERTS),
 ))
 load_preset = DECODER.load_preset
 preset_names = DECODER.preset_names
