@@ -1,5 +1,6 @@
 """What the engine asks of a model beyond ``forward``, declared by its ``ModelSpec.hooks``: the auxiliary losses of
-the last forward, a hook after each optimizer step, and which modules are expert sets and how they are sharded."""
+the last forward, a hook after each optimizer step, which modules are expert sets and how they are sharded, extra
+inputs from the batch; and the language-model contract the LM tasks require of a model's config."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import nn
+
+from longboat.config.base import ConfigError
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,35 @@ class ModelHooks:
 
     ``aux(model)``: the auxiliary losses and metrics of the model's last forward (``loss``, and what the task
     reports), or None when that forward added none; ``after_optimizer_step(model, dp_group)``: run after every
-    optimizer step, outside the gradient; ``experts``: the expert sets expert and tensor parallelism shard.
+    optimizer step, outside the gradient; ``experts``: the expert sets expert and tensor parallelism shard;
+    ``model_inputs(batch)``: keyword inputs the model takes from the batch besides those the task passes (the LM
+    tasks pass ``tokens`` and, when the data has them, ``positions`` and ``segments``).
     """
 
     aux: Callable[[nn.Module], dict | None] | None = None
     after_optimizer_step: Callable[[nn.Module, Any], None] | None = None
     experts: ExpertSets | None = None
+    model_inputs: Callable[[dict], dict] | None = None
 
 
 NO_HOOKS = ModelHooks()
+
+# What the language-model tasks (pretrain, sft) read off a model's config: the vocabulary size the token ids must
+# fit, the context length data.seq_len must fit, and ``flops_per_token(seq_len)`` for throughput and MFU.
+LANGUAGE_MODEL_FIELDS = {
+    "vocab_size": "the vocabulary size (token ids must be below it)",
+    "max_seq_len": "the context length (data.seq_len must not exceed it)",
+    "flops_per_token": "flops_per_token(seq_len): training FLOPs per token",
+}
+
+
+def require_language_model(cfg: Any, task: str) -> Any:
+    """``cfg`` when it meets the language-model contract; else an error naming each missing field."""
+    missing = [name for name in LANGUAGE_MODEL_FIELDS if not hasattr(cfg, name)]
+    if not callable(getattr(cfg, "flops_per_token", None)) and "flops_per_token" not in missing:
+        missing.append("flops_per_token")
+    if missing:
+        needs = "; ".join(f"{name}: {LANGUAGE_MODEL_FIELDS[name]}" for name in missing)
+        raise ConfigError(f"task '{task}' trains a language model, but the model config {type(cfg).__name__} lacks "
+                          f"{', '.join(missing)} ({needs})")
+    return cfg

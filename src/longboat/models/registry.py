@@ -149,6 +149,14 @@ def hooks_of(model: nn.Module) -> ModelHooks:
     return NO_HOOKS
 
 
+def hooks_for_config(cfg: Any) -> ModelHooks:
+    """The hooks of the first spec whose config class ``cfg`` is (a task sees the config, not the model)."""
+    for spec in _MODELS.values():
+        if type(cfg) is spec.config:
+            return spec.hooks
+    return NO_HOOKS
+
+
 def hf_spec(hf_dir: str | Path) -> ModelSpec:
     """The spec that reads the Hugging Face directory ``hf_dir`` (by its config.json ``model_type``)."""
     path = Path(hf_dir) / "config.json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -28,8 +30,10 @@ class LMLoss:
     in training; see ``make_lm_loss``. A pipeline calls its parts on different stages: ``model_inputs`` on every
     stage, ``output_loss`` on the last one's logits and ``aux_loss`` on each stage's own MoE layers."""
 
-    def __init__(self, use_position_ids: bool, use_segments: bool = False, per_sample: bool = False):
+    def __init__(self, use_position_ids: bool, use_segments: bool = False, per_sample: bool = False,
+                 extra_inputs: Callable[[dict], dict] | None = None):
         self.use_position_ids, self.use_segments, self.per_sample = use_position_ids, use_segments, per_sample
+        self.extra_inputs = extra_inputs
 
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[tuple, dict]:
         # Default positions (0..T-1) are computed inside the model; pass ids only when they reset per document.
@@ -38,6 +42,8 @@ class LMLoss:
             kwargs["positions"] = batch["position_ids"]
         if self.use_segments:
             kwargs["segments"] = batch["segments"]
+        if self.extra_inputs is not None:  # the spec's ModelHooks.model_inputs
+            kwargs.update(self.extra_inputs(batch))
         return (batch["tokens"],), kwargs
 
     def output_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> LossOutput:
@@ -55,8 +61,8 @@ class LMLoss:
         return LossOutput(loss_sum, count, units)
 
     def aux_loss(self, aux: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> LossOutput:
-        """The part of the micro-batch's loss that MoE aux losses ``aux`` (the spec's ``ModelHooks.aux``) add: their weighted
-        sum times the micro-batch's count, with their load statistics as metrics (and no units)."""
+        """The part of the micro-batch's loss that MoE aux losses ``aux`` (the spec's ``ModelHooks.aux``) add: their
+        weighted sum times the micro-batch's count, with their load statistics as metrics (and no units)."""
         labels = batch["labels"]
         if self.per_sample:
             count = _sample_ids(labels, self._segments(batch)).unique().numel()
@@ -78,7 +84,8 @@ class LMLoss:
         return LossOutput(out.loss_sum + part.loss_sum, out.count, out.units, part.metrics)
 
 
-def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample: bool = False) -> LMLoss:
+def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample: bool = False,
+                 extra_inputs: Callable[[dict], dict] | None = None) -> LMLoss:
     """Summed next-token cross-entropy over pre-shifted labels (``IGNORE_INDEX`` skipped), plus MoE aux losses
     in training.
 
@@ -88,9 +95,10 @@ def make_lm_loss(use_position_ids: bool, use_segments: bool = False, per_sample:
     ``use_segments``: the batch's ``segments`` [B, T] (packed documents, 0 for padding) keep attention within
     each document, and throughput counts the non-padding tokens.
     The aux loss enters as ``aux * local_count``: after normalisation it is the count-weighted mean of the
-    micro-batches' aux losses.
+    micro-batches' aux losses. ``extra_inputs(batch)``: keyword inputs the model takes besides those (the spec's
+    ``ModelHooks.model_inputs``).
     """
-    return LMLoss(use_position_ids, use_segments, per_sample)
+    return LMLoss(use_position_ids, use_segments, per_sample, extra_inputs)
 
 
 def _sample_ids(labels: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:

@@ -14,6 +14,8 @@ from longboat.data.indexed import IndexedDataset, index_path, strip_suffix
 from longboat.data.split import split_weights
 from longboat.data.token_range import max_token_id
 from longboat.data.tokenizer import TOKENIZER_FILES, Tokenizer
+from longboat.models.contracts import require_language_model
+from longboat.models.registry import hooks_for_config
 from longboat.tasks.base import Task, TaskData, register_task
 from longboat.tasks.lm_loss import make_lm_loss
 
@@ -101,7 +103,7 @@ class Pretrain(Task):
     unit = "tokens"
 
     def check(self, model_cfg) -> None:
-        check_inputs(self.data, model_cfg)
+        check_inputs(self.data, require_language_model(model_cfg, "pretrain"))
 
     def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
         data: PretrainDataConfig = self.data
@@ -129,14 +131,15 @@ class Pretrain(Task):
         return TaskData(
             train=train,
             valid=valid,
-            loss_fn=make_lm_loss(data.reset_position_ids, use_segments=data.reset_attention_mask),
+            loss_fn=make_lm_loss(data.reset_position_ids, use_segments=data.reset_attention_mask,
+                                 extra_inputs=hooks_for_config(model_cfg).model_inputs),
             # Only what will be used: no validation split (weight 0) or no evaluation means no validation samples.
             summary={"train_samples": n_train, "valid_samples": n_valid if valid is not None else 0,
                      "global_batch": global_batch},
         )
 
     def flops_per_unit(self, model_cfg) -> float | None:
-        return float(model_cfg.flops_per_token(self.data.seq_len))
+        return float(require_language_model(model_cfg, "pretrain").flops_per_token(self.data.seq_len))
 
     def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **metrics}

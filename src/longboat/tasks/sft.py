@@ -31,6 +31,8 @@ from longboat.data.chat.packing import ChatRows, pack, pad
 from longboat.data.chat.sources import Format, check_malformed, check_source, read_conversations
 from longboat.data.chat.supervision import ChatSupervisor, Sample
 from longboat.data.tokenizer import CHAT_TEMPLATE_FILE, CONFIG_FILE, Tokenizer
+from longboat.models.contracts import require_language_model
+from longboat.models.registry import hooks_for_config
 from longboat.tasks.base import Task, TaskData, register_task
 from longboat.tasks.lm_loss import make_lm_loss
 from longboat.tasks.pretrain import tokenizer_assets, tokenizer_fitting
@@ -82,7 +84,7 @@ class SFT(Task):
 
     def check(self, model_cfg) -> None:
         data: SFTDataConfig = self.data
-        tokenizer = tokenizer_fitting(data.tokenizer, data.seq_len, model_cfg)
+        tokenizer = tokenizer_fitting(data.tokenizer, data.seq_len, require_language_model(model_cfg, "sft"))
         if _pad_id(tokenizer) is None:
             raise ConfigError(f"data.tokenizer: {data.tokenizer} names neither a pad nor an eos token to pad rows with")
         resolve_chat_template(tokenizer, data.chat_template)
@@ -145,7 +147,8 @@ class SFT(Task):
                    **{name: n for name, n in counts.items() if n},
                    "tokenized": f"{n_conversations / max(encoding_s, 1e-9):.0f} conversations/s"}
         return TaskData(train_rows, valid_rows,
-                        make_lm_loss(True, True, per_sample=data.loss_normalization == "samples"), summary)
+                        make_lm_loss(True, True, per_sample=data.loss_normalization == "samples",
+                                     extra_inputs=hooks_for_config(model_cfg).model_inputs), summary)
 
     def _fit(self, samples: list[Sample], counts: Counter) -> list[Sample]:
         """The samples fitted to ``seq_len`` (dropped or truncated) that still supervise a token."""
@@ -175,7 +178,7 @@ class SFT(Task):
                           "checkpoint's position in the new rows")
 
     def flops_per_unit(self, model_cfg) -> float | None:
-        return float(model_cfg.flops_per_token(self.data.seq_len))
+        return float(require_language_model(model_cfg, "sft").flops_per_token(self.data.seq_len))
 
     def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **metrics}
