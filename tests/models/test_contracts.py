@@ -31,6 +31,12 @@ def test_decoder_spec_declares_its_hooks_and_expert_sets():
     hooks.after_optimizer_step(model, None)
 
 
+def test_a_wrapper_subclass_keeps_its_models_hooks():
+    model = build_model("decoder", MODELS["tied"])
+    model.__class__ = type("Wrapped", (type(model),), {})  # as FSDP2 re-classes a sharded module
+    assert hooks_of(model) is get_model("decoder").hooks
+
+
 def test_dense_decoder_has_no_expert_sets_and_no_aux():
     model = build_model("decoder", MODELS["tied"])
     assert expert_modules(model) == []

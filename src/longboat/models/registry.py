@@ -141,11 +141,14 @@ def spec_of(model: nn.Module) -> ModelSpec:
 
 
 def hooks_of(model: nn.Module) -> ModelHooks:
-    """The hooks ``model``'s spec declares; none for a module no spec registers (a bare layer, a test's model)."""
+    """The hooks ``model``'s spec declares; none for a module no spec registers (a bare layer, a test's model).
+    The nearest registered class in its MRO decides: a registered subclass has its own spec, FSDP2's wrapper class
+    its model's."""
     model = getattr(model, "module", model)  # DistributedDataParallel
-    for spec in _MODELS.values():
-        if isinstance(model, spec.module):
-            return spec.hooks
+    for cls in type(model).__mro__:
+        for spec in _MODELS.values():
+            if spec.module is cls:
+                return spec.hooks
     return NO_HOOKS
 
 
