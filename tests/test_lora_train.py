@@ -141,7 +141,7 @@ def test_a_checkpoint_opens_and_exports_merged(run, tmp_path):
     checkpoint = run_dir / "checkpoints" / "step_00000003"
     expected = logits(adapted_model(run_dir, checkpoint))
     artifact = open_artifact(checkpoint)
-    assert artifact.lora["rank"] == 4 and not any(isinstance(m, LoRALinear) for m in artifact.model.modules())
+    assert artifact.folded["lora"]["rank"] == 4 and not any(isinstance(m, LoRALinear) for m in artifact.model.modules())
     torch.testing.assert_close(logits(artifact.model), expected, rtol=0, atol=1e-5)
     out = export_run(checkpoint, tmp_path / "exported")
     assert json.loads((out / "longboat_config.json").read_text())["lora_merged"]["rank"] == 4

@@ -82,7 +82,8 @@ def test_resolved_yaml_round_trips(tmp_path):
     again = load_run_config(path)
     assert again.model == resolved.model and again.model.n_layers == 2
     assert again.cfg.train == resolved.cfg.train
-    assert "preset" not in again.cfg.model  # the preset is expanded into plain fields
+    assert again.cfg.model.preset is None and again.cfg.model.fields["n_layers"] == 2  # the preset is expanded
+    assert "preset" not in path.read_text().split("model:")[1].split("\ndata:")[0]
     assert resolve({"run_dir": "x", "train": {"steps": 1}, "data": {"tokenizer": "t", "paths": ["p"], "seq_len": 8}})
 
 

@@ -18,7 +18,7 @@ from longboat.models.llm import load_preset
 from longboat.models.llm.hf import load_hf_model
 from longboat.models.lora import LoRAConfig, LoRALinear, apply_lora, is_lora_name, merge_lora
 from longboat.models.peft_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from longboat.recipes.lora import save_run_adapter, split_adapters
+from longboat.recipes.lora import LoRATransform, save_run_adapter
 
 TOKENS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
 
@@ -66,7 +66,7 @@ def test_merge_equals_unmerged_logits_for_modules_and_state_dicts():
         adapted = model(TOKENS)
         base = decoder(qkv_bias=True)(TOKENS)
     assert (adapted - base).abs().max() > 1e-2  # the adapters matter
-    merged_sd, adapters = split_adapters(model.state_dict(), cfg)
+    merged_sd, adapters = LoRATransform(cfg).fold_state(model.state_dict())
     assert sorted(adapters) == sorted(n for n, _ in model.named_parameters() if is_lora_name(n))
     merge_lora(model)
     assert not any(isinstance(m, LoRALinear) for m in model.modules())
@@ -146,7 +146,7 @@ def test_peft_adapter_loads_onto_the_transformers_model_with_equal_logits(tmp_pa
     cfg = LoRAConfig(rank=4, alpha=12, targets=targets, rslora=model_type == "llama")
     apply_lora(ours, cfg)
     randomise_adapters(ours)
-    merged, adapters = split_adapters(ours.state_dict(), cfg)
+    merged, adapters = LoRATransform(cfg).fold_state(ours.state_dict())
     out = save_run_adapter(tmp_path / "run" / "adapter", adapters, merged, cfg, get_model("decoder"), model_cfg,
                            str(hf_dir))
     meta = json.loads((out / ADAPTER_CONFIG).read_text())

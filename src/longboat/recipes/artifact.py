@@ -4,7 +4,7 @@
 export is read from its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights
 when it has them and the task's assets rebuilt from the task's saved state; a Hugging Face directory through the
 spec that reads its ``model_type``, with its tokenizer and generation config as assets. A LoRA run's checkpoint is
-rebuilt with its adapters, loaded, and merged: what comes back is always the plain architecture. Every model is
+rebuilt with its model transforms (LoRA's adapters), loaded, and folded: what comes back is always the plain architecture. Every model is
 first counted on the meta device: one that cannot fit in the memory available is refused before allocating.
 
 Opening an export runs no code from it: the plugins it records are information only, and its architecture must
@@ -15,7 +15,7 @@ plugins of the run's ``config.yaml``, as training did.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
@@ -26,8 +26,8 @@ from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_w
 from longboat.config.base import ConfigError, StrictModel, validate
 from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.footprint import check_config_fits
-from longboat.models.lora import LoRAConfig, apply_lora, merge_lora
-from longboat.recipes.config import load_run_dir_config, load_run_dir_plugins
+from longboat.recipes.config import TRANSFORMS, load_run_dir_config, load_run_dir_plugins
+from longboat.recipes.transforms import build_model, fold_model, folded_records
 from longboat.utils.plugins import load_entry_points
 
 HF_CONFIG = "config.json"
@@ -44,7 +44,7 @@ class Artifact:
     ema: bool = False
     plugins: tuple[str, ...] = ()
     hf_family: str | None = None  # the HF model_type an export was converted from
-    lora: dict | None = None  # the LoRA settings of adapters merged into the weights
+    folded: dict[str, dict] = field(default_factory=dict)  # model transforms folded into the weights: key -> settings
 
     @property
     def spec(self) -> ModelSpec:
@@ -59,13 +59,17 @@ class Artifact:
 
 
 def export_metadata(task: str | None, plugins: list[str] | tuple[str, ...], ema: bool,
-                    lora: LoRAConfig | dict | None = None) -> dict:
+                    folded: dict[str, dict] | None = None) -> dict:
     """What an export records besides the model: its task, the plugins that register it, EMA weights, and the
-    settings of LoRA adapters merged into the weights (``lora_merged``)."""
+    settings of each model transform folded into the weights (``lora_merged``: the LoRA adapters')."""
     meta = {"task": task, "plugins": list(plugins), "ema": ema}
-    if lora is not None:
-        meta["lora_merged"] = lora.model_dump(mode="json") if isinstance(lora, LoRAConfig) else dict(lora)
+    for key, settings in (folded or {}).items():
+        meta[f"{key}_merged"] = dict(settings)
     return meta
+
+
+def _folded(meta: dict) -> dict[str, dict]:
+    return {key: meta[f"{key}_merged"] for key in TRANSFORMS if isinstance(meta.get(f"{key}_merged"), dict)}
 
 
 def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact:
@@ -109,7 +113,7 @@ def _open_export(path: Path) -> Artifact:
     load_export_weights(path, model)
     assets = {name: path / name for name in meta["assets"]}
     return Artifact(meta["arch"], cfg, model.eval(), meta.get("task"), assets, path, bool(meta.get("ema")),
-                    plugins, meta.get("hf_family"), meta.get("lora_merged"))
+                    plugins, meta.get("hf_family"), _folded(meta))
 
 
 def unregistered_architecture(source: Path, arch: object, plugins: tuple[str, ...]) -> str:
@@ -142,17 +146,12 @@ def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:
     from longboat.checkpoint.dcp import load_model_weights, load_task_state
 
     resolved = load_run_dir_config(run_dir)
-    lora = resolved.cfg.lora
     check_config_fits(resolved.spec, resolved.model, run_dir / "config.yaml")
-    model = resolved.spec.build(resolved.model)
-    if lora is not None:
-        apply_lora(model, lora)
+    model = build_model(resolved)  # the checkpoint holds the transformed model (e.g. with LoRA's adapters)
     ema = load_model_weights(checkpoint, model, ema=True)
-    if lora is not None:
-        merge_lora(model)
+    fold_model(resolved, model)
     state = load_task_state(checkpoint)
     if state is not None:
         resolved.task.load_state_dict(state)
     return Artifact(resolved.arch, resolved.model, model.eval(), resolved.cfg.task, resolved.task.export_assets(),
-                    checkpoint, ema, tuple(resolved.cfg.plugins),
-                    lora=lora.model_dump(mode="json") if lora is not None else None)
+                    checkpoint, ema, tuple(resolved.cfg.plugins), folded=folded_records(resolved))

@@ -11,15 +11,61 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from longboat.config.base import ConfigError, StrictModel, apply_overrides, deep_merge, dump_yaml, load_yaml, validate
 from longboat.distributed.config import ParallelConfig
 from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.lora import LoRAConfig
+from longboat.recipes.lora import LoRATransform
+from longboat.recipes.transforms import ModelTransform
 from longboat.tasks import Task, get_task
 from longboat.trainer.config import CheckpointConfig, TrainerConfig
 from longboat.utils.plugins import load_plugins
+
+
+class ModelSource(BaseModel):
+    """A run's ``model:`` section: an architecture (default ``decoder``) with an optional preset and any fields of its
+    config, or ``hf``: a Hugging Face directory whose config.json gives the architecture and fields, and whose
+    weights the run starts from. Fields set beside either override the preset's or config.json's."""
+
+    model_config = ConfigDict(extra="allow")
+
+    arch: str | None = None
+    preset: str | None = None
+    hf: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if self.hf is not None and (self.arch is not None or self.preset is not None):
+            raise ValueError("model.hf gives the architecture; drop model.arch and model.preset")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_sources(self, handler):
+        """arch, preset and hf only where set, so a saved config reads as the user wrote it."""
+        return {k: v for k, v in handler(self).items() if v is not None or k not in ("arch", "preset", "hf")}
+
+    @property
+    def fields(self) -> dict:
+        """The architecture config's fields set here (beside arch, preset or hf)."""
+        return dict(self.model_extra or {})
+
+    def resolve(self) -> tuple[str, dict]:
+        """``(architecture, config fields)``: preset or config.json, then the fields set here."""
+        if self.hf is not None:
+            spec = hf_spec(self.hf)
+            return spec.name, {**spec.hf.config_fields(self.hf), **self.fields}
+        arch = self.arch or "decoder"
+        spec = get_model(arch)
+        # Nested sections merge key by key, as `inherit:` does: `model.vision.n_layers=4` keeps the preset's other
+        # fields.
+        return arch, deep_merge(spec.load_preset(self.preset) if self.preset else {}, self.fields)
+
+
+#: The run config's sections that transform the built model, and the transform each one makes, in the order they
+#: apply (``recipes/transforms.py`` applies them).
+TRANSFORMS: dict[str, type[ModelTransform]] = {"lora": LoRATransform}
 
 
 class RunConfig(StrictModel):
@@ -27,8 +73,8 @@ class RunConfig(StrictModel):
     run_dir: str = Field(description="where checkpoints, metrics, exports and the resolved config go")
     seed: int = 1234
     plugins: list[str] = Field(default_factory=list, description="modules or .py files that register tasks/models")
-    # Architecture name, optional preset and any field of that architecture's config; resolved below.
-    model: dict = Field(default_factory=lambda: {"arch": "decoder", "preset": "tiny"})
+    model: ModelSource = Field(default_factory=lambda: ModelSource(arch="decoder", preset="tiny"),
+                               description="the architecture (arch, preset, fields) or a Hugging Face directory (hf)")
     data: dict = Field(default_factory=dict)
     train: TrainerConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -48,26 +94,20 @@ class ResolvedRun:
     def spec(self) -> ModelSpec:
         return get_model(self.arch)
 
+    @property
+    def source(self) -> ModelSource:
+        """Where the model comes from: ``source.hf`` is the Hugging Face directory its weights start from."""
+        return self.cfg.model
+
+    @property
+    def transforms(self) -> list[ModelTransform]:
+        """The transforms the config asks for, in the order they apply to the built model."""
+        return [make(getattr(self.cfg, key)) for key, make in TRANSFORMS.items() if getattr(self.cfg, key) is not None]
+
     def to_yaml(self) -> str:
         """The run config with the model preset expanded: enough to rebuild the model from a checkpoint."""
-        full = self.cfg.model_copy(update={"model": {"arch": self.arch, **self.model.model_dump(mode="json")}})
-        return dump_yaml(full)
-
-
-def model_fields(spec: dict, source: str) -> tuple[str, dict]:
-    """``(architecture, config fields)`` from a run's ``model:`` section: preset or HF config, then user fields."""
-    spec = dict(spec)
-    if "hf" in spec:  # start from a Hugging Face directory: its config.json gives the architecture
-        if "arch" in spec or "preset" in spec:
-            raise ConfigError(f"{source}: model.hf gives the architecture; drop model.arch and model.preset")
-        hf_dir = spec.pop("hf")
-        model_spec = hf_spec(hf_dir)
-        return model_spec.name, {**model_spec.hf.config_fields(hf_dir), **spec}
-    arch = spec.pop("arch", "decoder")
-    preset = spec.pop("preset", None)
-    model_spec = get_model(arch)
-    # Nested sections merge key by key, as `inherit:` does: `model.vision.n_layers=4` keeps the preset's other fields.
-    return arch, deep_merge(model_spec.load_preset(preset) if preset else {}, spec)
+        model = ModelSource(arch=self.arch, **self.model.model_dump(mode="json"))
+        return dump_yaml(self.cfg.model_copy(update={"model": model}))
 
 
 def resolve(data: dict, source: str = "config", base_dir: str | Path | None = None,
@@ -82,7 +122,7 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
     cfg = validate(RunConfig, data, source)
     task = get_task(cfg.task)
     task_obj = task(validate(task.data_config, cfg.data, source, prefix="data"))
-    arch, fields = model_fields(cfg.model, source)
+    arch, fields = cfg.model.resolve()
     _check_arch_fits_task(task, arch, cfg.task, source)
     if from_data:
         fields = task_obj.configure_model(fields)

@@ -15,7 +15,7 @@ def export_run(source: str | Path, output: str | Path, overwrite: bool = False) 
     artifact = open_artifact(source, prefer_checkpoint=True)
     return save_export(
         output, artifact.model, artifact.arch, artifact.config.model_dump(mode="json"), artifact.assets,
-        extra={**export_metadata(artifact.task, artifact.plugins, artifact.ema, artifact.lora),
+        extra={**export_metadata(artifact.task, artifact.plugins, artifact.ema, artifact.folded),
                "checkpoint": str(artifact.source)},
         overwrite=overwrite, sources=read_paths(source, artifact),
     )

@@ -17,11 +17,9 @@ from longboat.config.base import ConfigError, validate
 from longboat.distributed import ParallelDims, resolve_dims
 from longboat.distributed.layout_checks import check_expert_parallel, check_microbatches, pipeline_layer_counts
 from longboat.models import get_model
-from longboat.models.lora import apply_lora
 from longboat.models.registry import PipelineSplit
-from longboat.recipes.config import ResolvedRun
-from longboat.recipes.lora import lora_param_groups
-from longboat.trainer.param_rules import apply_param_rules
+from longboat.recipes.config import TRANSFORMS, ResolvedRun
+from longboat.recipes.transforms import build_model, folded_records, trainable_groups
 from longboat.utils.device import resolve_device
 
 
@@ -35,17 +33,14 @@ class Preflight:
 
 
 def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
-    """Device, mesh arithmetic, LoRA targets, tensor- and expert-parallel fit, HF export family, data against the
-    model, resume."""
+    """Device, mesh arithmetic, model transforms (LoRA targets), tensor- and expert-parallel fit, HF export family,
+    data against the model, resume."""
     cfg = resolved.cfg
     resolve_device(cfg.train.device)
     dims = resolve_dims(cfg.parallel, world_size)
-    if cfg.lora is not None and dims.tp > 1:
-        # Tensor-parallel styles shard a linear layer's weight, not its adapters, whose A and B would need
-        # their own placements (replicated A under a column split, B under a row split).
-        raise ConfigError(f"lora: LoRA does not combine with tensor parallelism (parallel.tp={dims.tp}); "
-                          "use parallel.tp=1 with FSDP or DDP, which shard or replicate the adapters correctly")
-    if cfg.lora is not None or cfg.train.param_groups:
+    for transform in resolved.transforms:
+        transform.check_parallel(dims.tp)
+    if resolved.transforms or cfg.train.param_groups:
         check_param_rules(resolved)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
     if dims.ep > 1:
@@ -59,17 +54,9 @@ def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
 
 
 def check_param_rules(resolved: ResolvedRun) -> None:
-    """LoRA's targets and ``train.param_groups`` against the model's parameters, on a model that holds no memory."""
-    cfg = resolved.cfg
-    with torch.device("meta"):
-        model = resolved.spec.build(resolved.model)
-        if cfg.lora is not None:
-            apply_lora(model, cfg.lora)
-    if cfg.train.param_groups:
-        groups = resolved.task.param_groups(model)
-        if cfg.lora is not None:
-            groups = lora_param_groups(model, groups)
-        apply_param_rules(model, groups, cfg.train.param_groups)
+    """The transforms (LoRA's targets) and ``train.param_groups`` against the model's parameters, on a model that
+    holds no memory."""
+    trainable_groups(resolved, build_model(resolved, "meta"))
 
 
 def check_pipeline(resolved: ResolvedRun) -> PipelineSplit:
@@ -92,7 +79,7 @@ def hf_export_family(resolved: ResolvedRun) -> str:
     spec = resolved.spec
     if spec.hf is None:
         raise ConfigError(f"checkpoint.export_hf: model '{spec.name}' has no Hugging Face format")
-    return spec.hf.export_family(resolved.model, resolved.cfg.checkpoint.export_hf, resolved.cfg.model.get("hf"))
+    return spec.hf.export_family(resolved.model, resolved.cfg.checkpoint.export_hf, resolved.source.hf)
 
 
 def check_resume(resolved: ResolvedRun) -> Path | None:
@@ -112,7 +99,7 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
         saved_model = dict(saved["model"])
         saved_arch = saved_model.pop("arch")
         saved_task = saved.get("task", "pretrain")
-        saved_lora = saved.get("lora")
+        saved_transforms = {key: saved.get(key) for key in TRANSFORMS}
         saved_rules = (saved.get("train") or {}).get("param_groups") or []
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{saved_path}: unreadable ({e}); it describes the checkpoints in {run_dir}") from None
@@ -126,9 +113,9 @@ def check_resume(resolved: ResolvedRun) -> Path | None:
         ours = resolved.model.model_dump()
         differences += [f"model.{k} {theirs.get(k)!r} there, {ours.get(k)!r} here"
                         for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
-    ours_lora = resolved.cfg.lora.model_dump(mode="json") if resolved.cfg.lora is not None else None
-    if saved_lora != ours_lora:
-        differences.append(f"lora {saved_lora!r} there, {ours_lora!r} here")
+    ours_transforms = {key: None for key in TRANSFORMS} | folded_records(resolved)
+    differences += [f"{key} {saved_transforms[key]!r} there, {ours_transforms[key]!r} here"
+                    for key in TRANSFORMS if saved_transforms[key] != ours_transforms[key]]
     ours_rules = [r.model_dump(mode="json") for r in resolved.cfg.train.param_groups]
     if saved_rules != ours_rules:
         # Another set of groups is another optimizer-state layout, and the saved groups' learning rates would

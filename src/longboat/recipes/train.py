@@ -21,13 +21,11 @@ from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime
 from longboat.distributed.full_state import full_model_state
 from longboat.distributed.parallelize import parallelize
 from longboat.distributed.rank0_weights import load_from_rank0
-from longboat.models.lora import apply_lora
 from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
-from longboat.recipes.lora import lora_param_groups, save_run_adapter, split_adapters
 from longboat.recipes.preflight import Preflight, preflight
+from longboat.recipes.transforms import build_model, describe_transforms, folded_records, plain_weights, trainable_groups
 from longboat.trainer.optim import freeze_outside
-from longboat.trainer.param_rules import apply_param_rules
 from longboat.trainer.trainer import DataParallel, FitResult, Trainer
 from longboat.utils.device import set_threads
 from longboat.utils.logging import console
@@ -81,18 +79,9 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
 
     with _local_rank_zero_first(runtime):
         data = task.build(resolved.model, cfg.train, cfg.seed, dp.size)
-    if cfg.parallel.meta_init:
-        with torch.device("meta"):
-            model = spec.build(resolved.model)
-    else:
-        model = spec.build(resolved.model).to(runtime.device)
-    if cfg.lora is not None:
-        apply_lora(model, cfg.lora)  # before freezing and parallelism, which see the adapters as parameters
+    model = build_model(resolved, "meta") if cfg.parallel.meta_init else build_model(resolved).to(runtime.device)
     n_params = sum(p.numel() for p in model.parameters())
-    groups = task.param_groups(model)
-    if cfg.lora is not None:
-        groups = lora_param_groups(model, groups)
-    groups = apply_param_rules(model, groups, cfg.train.param_groups)  # the run's rules, on top of the task's
+    groups = trainable_groups(resolved, model)
     n_frozen = freeze_outside(model, groups)
     pipeline = None
     if checked.pipeline is not None:
@@ -107,15 +96,15 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     else:
         model = parallelize(model, mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units,
                             spec.forward_methods)
-    if "hf" in cfg.model:
-        _load_hf_weights(model, cfg.model["hf"], resolved, runtime)
+    if resolved.source.hf is not None:
+        _load_hf_weights(model, resolved.source.hf, resolved, runtime)
     elif spec.initial_weights is not None and spec.initial_weights.source(resolved.model) is not None:
         _load_initial_weights(model, resolved, runtime)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""
     frozen = f" ({_count(n_params - n_frozen)} trainable, {_count(n_frozen)} frozen)" if n_frozen else ""
-    lora = f" · LoRA rank {cfg.lora.rank}" if cfg.lora is not None else ""
     console.print(
-        f"[bold]{cfg.task}[/] · {resolved.arch} {_count(n_params)} parameters{frozen}{lora} · device {runtime.device}"
+        f"[bold]{cfg.task}[/] · {resolved.arch} {_count(n_params)} parameters{frozen}{describe_transforms(resolved)}"
+        f" · device {runtime.device}"
         + layout + " · " + " · ".join(f"{k} {v}" for k, v in data.summary.items())
     )
     trainer = Trainer(
@@ -188,23 +177,19 @@ def _export(model: torch.nn.Module, resolved: ResolvedRun, runtime: Runtime, hf_
         from longboat.distributed.pipeline import gather_full_state
 
         weights = gather_full_state(model, mesh)
-    elif runtime.distributed or cfg.checkpoint.export_hf or cfg.lora is not None:
+    elif runtime.distributed or cfg.checkpoint.export_hf or resolved.transforms:
         # Gathered tensor by tensor and moved to CPU on rank 0 only: no rank holds a second full copy on device,
         # and the other ranks get an empty dict.
         weights = full_model_state(model, cpu_offload=True)
     if runtime.rank != 0:
         return
-    if cfg.lora is not None:  # exports hold the plain architecture: the adapters folded into the weights
-        weights, adapters = split_adapters(weights, cfg.lora)
-        if "hf" in cfg.model:
-            out = save_run_adapter(Path(cfg.run_dir) / "adapter", adapters, weights, cfg.lora, resolved.spec,
-                                   resolved.model, cfg.model["hf"])
-            console.print(f"saved the LoRA adapter (PEFT) to {out}")
+    if resolved.transforms:  # exports hold the plain architecture: e.g. LoRA's adapters folded into the weights
+        weights = plain_weights(resolved, weights, Path(cfg.run_dir))
     assets = resolved.task.export_assets()
     if cfg.checkpoint.export:
         out = save_export(
             export_dir(cfg.run_dir), weights, resolved.arch, resolved.model.model_dump(mode="json"), assets,
-            extra=export_metadata(cfg.task, cfg.plugins, ema, cfg.lora),
+            extra=export_metadata(cfg.task, cfg.plugins, ema, folded_records(resolved)),
         )
         console.print(f"exported to {out}")
     if cfg.checkpoint.export_hf:
