@@ -7,6 +7,7 @@ from longboat.recipes.config import load_run_config, resolve
 
 # Policy configs read their model's features from a dataset: tests/tasks/test_policy.py loads them against one.
 # Eval configs are not run configs: tests/eval/test_results.py loads them.
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "quickstart.yaml"
 CONFIGS = sorted(p for p in Path(__file__).resolve().parents[2].joinpath("configs").rglob("*.yaml")
                  if p.parent.name not in ("policy", "eval"))
 
@@ -60,14 +61,14 @@ def test_missing_file_names_it(tmp_path):
         ("chekpoint.every=2", "unknown key 'chekpoint'; did you mean 'checkpoint'"),
         ("train.steps=-1", "'train.steps': Input should be greater than 0"),
         ("train.dtype=fp8", "'train.dtype'"),
-        ("task=nope", "unknown task 'nope'; known tasks: policy, pretrain"),
+        ("task=nope", "unknown task 'nope'; known tasks: policy, preference, pretrain"),
         ("model.preset=nope", "unknown model preset 'nope'"),
         ("model.arch=nope", "unknown model architecture 'nope'"),
     ],
 )
 def test_bad_keys_fail_with_the_key_named(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        load_run_config(CONFIGS[0].parent / "quickstart.yaml", [override])
+        load_run_config(QUICKSTART, [override])
 
 
 def test_override_must_be_key_value():
@@ -76,7 +77,7 @@ def test_override_must_be_key_value():
 
 
 def test_resolved_yaml_round_trips(tmp_path):
-    resolved = load_run_config(CONFIGS[0].parent / "quickstart.yaml", ["model.n_layers=2"])
+    resolved = load_run_config(QUICKSTART, ["model.n_layers=2"])
     path = tmp_path / "config.yaml"
     path.write_text(resolved.to_yaml())
     again = load_run_config(path)

@@ -11,7 +11,9 @@ and cannot be targets.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +49,7 @@ class LoRALinear(nn.Linear):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         self.scale, self.dropout = scale, dropout
+        self.adapter_enabled = True  # off: the base layer alone (e.g. the reference of preference tuning)
         kw = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **kw))
         self.lora_B = nn.Parameter(torch.empty(base.out_features, rank, **kw))
@@ -60,11 +63,26 @@ class LoRALinear(nn.Linear):
         nn.init.zeros_(self.lora_B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.adapter_enabled:
+            return F.linear(x, self.weight, self.bias)
         update = F.linear(F.linear(F.dropout(x, self.dropout, self.training), self.lora_A), self.lora_B)
         return F.linear(x, self.weight, self.bias) + update * self.scale
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}, scale={self.scale:g}"
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[int]:
+    """Run ``model`` as its base within the block: every adapter off (yields how many); on again after."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for layer in layers:
+        layer.adapter_enabled = False
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer.adapter_enabled = True
 
 
 def _matches(name: str, target: str) -> bool:

@@ -64,10 +64,14 @@ class SFTDataConfig(StrictModel):
     @field_validator("sources", "valid_sources", mode="before")
     @classmethod
     def _plain_sources(cls, v):
-        """Accept ``[path, ...]`` and a single path besides mappings."""
-        if isinstance(v, str):
-            v = [v]
-        return [{"path": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+        return plain_sources(v)
+
+
+def plain_sources(v):
+    """Sources given as ``[path, ...]`` or a single path, besides mappings, as mappings."""
+    if isinstance(v, str):
+        v = [v]
+    return [{"path": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
 
 
 @register_task("sft")

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from longboat.trainer.trainer import DataParallel
 
 
 class TrainerHooks:
@@ -19,6 +26,11 @@ class TrainerHooks:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what ``state_dict`` returned, when resuming."""
+
+    def before_training(self, model: nn.Module, run_dir: Path, device: torch.device, dp: DataParallel,
+                        resumed: bool) -> None:
+        """Once the model holds its starting weights (or a resumed checkpoint's), before the first step; every rank
+        calls it, so it may run the (sharded) model, e.g. to precompute a frozen reference's outputs."""
 
     def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
         """Evaluation results from the mean loss and the mean of the loss function's metrics."""

@@ -379,8 +379,8 @@ class Trainer:
             console.print("[yellow]warning:[/] train.keep_freed_memory needs glibc's malloc; this C library keeps "
                           "its own defaults")
         self.model.to(self.device)
-        if self.ckpt_cfg.resume:
-            self.resume()
+        resumed = self.resume() if self.ckpt_cfg.resume else False
+        self.hooks.before_training(self.model, self.run_dir, self.device, self.dp, resumed)
         previous_handlers = self._install_signal_handlers()
         rate_key = f"{self.hooks.unit}_per_s"
         log_keys = ("loss", "lr", "grad_norm", "epoch", rate_key, "mfu", "peak_mem_mb")

@@ -164,14 +164,14 @@ def staged_files(targets: Iterable[str | os.PathLike], overwrite: bool = False,
             raise
 
 
-def replace_file(path: str | os.PathLike, text: str) -> Path:
+def replace_file(path: str | os.PathLike, text: str | bytes) -> Path:
     """Write ``text`` to a file this command owns (a run's ``config.yaml``, an evaluation's ``run.json`` or
     report): into a hidden sibling first, then renamed over ``path``, so a reader or a crash sees the old file or
     the new one, never half of either."""
     path = Path(path)
     stage = _sibling(path, "partial")
     try:
-        stage.write_text(text, encoding="utf-8")
+        stage.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
         os.replace(stage, path)
     except BaseException:
         stage.unlink(missing_ok=True)

@@ -105,7 +105,7 @@ def read_conversations(path: str | Path, format: Format = "auto",
     check_source(path, split)
     report = SourceReport(str(path))
     conversations = []
-    for row, raw in _rows(Path(path), split, report):
+    for row, raw in source_rows(Path(path), split, report):
         report.rows += 1
         try:
             conversations.append(Conversation(normalise(raw, format), row, row_tools(raw)))
@@ -127,7 +127,8 @@ def check_malformed(report: SourceReport, max_fraction: float) -> None:
 
 
 # ---- files ---------------------------------------------------------------------------------------------------
-def _rows(path: Path, split: str | None, report: SourceReport) -> Iterator[tuple[int, Any]]:
+def source_rows(path: Path, split: str | None, report: SourceReport) -> Iterator[tuple[int, Any]]:
+    """``(row number, raw row)`` of a source; an unparsable jsonl line is counted in ``report`` and skipped."""
     if path.is_dir():
         yield from enumerate(_read_arrow(path, split), start=1)
     elif path.suffix == ".jsonl":
@@ -244,6 +245,11 @@ def _turns(row: dict, key: str) -> list:
     if not all(isinstance(t, dict) for t in turns):
         raise Malformed("missing fields", f"'{key}' holds a non-object")
     return turns
+
+
+def normalise_messages(turns: Any) -> list[Message]:
+    """A list of OpenAI-style messages, checked and normalised as a ``messages`` row's are; or :class:`Malformed`."""
+    return _openai({"messages": turns})
 
 
 def _openai(row: dict) -> list[Message]:

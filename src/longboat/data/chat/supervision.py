@@ -90,13 +90,23 @@ class ChatSupervisor:
     def encode(self, conversations: Sequence[Conversation], source: str = "") -> tuple[list[list[Sample]],
                                                                                       SupervisionStats]:
         """The samples of each conversation (empty for one the template refuses), and what was found."""
+        return self._encode(conversations, source, self._plan)
+
+    def encode_final_turns(self, conversations: Sequence[Conversation], source: str = "") -> tuple[
+            list[list[Sample]], SupervisionStats]:
+        """One sample per conversation supervising its final turn alone (an answer to the turns before it, e.g. one
+        side of a preference pair); empty for one the template refuses."""
+        return self._encode(conversations, source, self._final_plan)
+
+    def _encode(self, conversations: Sequence[Conversation], source: str, planner) -> tuple[list[list[Sample]],
+                                                                                          SupervisionStats]:
         stats = SupervisionStats(conversations=len(conversations))
         out: list[list[Sample]] = [[] for _ in conversations]
         for start in range(0, len(conversations), _CHUNK):
             plans = []
             for i in range(start, min(start + _CHUNK, len(conversations))):
                 try:
-                    plans += self._plan(i, conversations[i], stats)
+                    plans += planner(i, conversations[i], stats)
                 except SupervisionError as e:
                     raise SupervisionError(f"{source}: row {conversations[i].row}: {e}") from None
                 except (ChatTemplateError, TypeError) as e:  # a TypeError: e.g. the template adds a str and a list
@@ -104,6 +114,14 @@ class ChatSupervisor:
             for plan, sample in zip(plans, self._tokenize(plans, stats)):
                 out[plan.conversation].append(sample)
         return out, stats
+
+    def _final_plan(self, index: int, conversation: Conversation, stats: SupervisionStats) -> list[_Plan]:
+        render = functools.partial(self.render, tools=conversation.tools)
+        before, through = render(conversation.messages[:-1], add_generation_prompt=True), render(conversation.messages)
+        if not through.startswith(before):
+            raise ChatTemplateError(f"the generation prompt does not open the final turn as the template renders it "
+                                    f"(the prompt ends {before[-40:]!r}), so the prompt cannot be told from the answer")
+        return [_Plan(index, through, [(len(before), len(through))], [before])]
 
     def _plan(self, index: int, conversation: Conversation, stats: SupervisionStats) -> list[_Plan]:
         messages = conversation.messages
