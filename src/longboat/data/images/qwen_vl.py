@@ -31,6 +31,7 @@ RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BI
 # transformers' PILImageResampling numbers, as preprocessor_config.json writes ``resample``
 RESAMPLE_BY_NUMBER = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 MAX_ASPECT_RATIO = 200
+CHUNK = 512  # patches normalised at a time
 
 
 class QwenVLImageConfig(StrictModel):
@@ -160,6 +161,8 @@ class QwenVLImageProcessor:
         resized = np.asarray(image.resize((gw * p, gh * p), RESAMPLE[c.resample]))
         # [H, W, C] bytes as (block row, block col, row in block, col in block, C, y, x): merge-block order
         u8 = resized.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5).reshape(gh * gw, 3, p, p)
-        for ch in range(3):
-            np.take(self._table[ch], u8[:, ch], out=out[:, ch, 0], mode="clip")
-        out[:, :, 1:] = out[:, :, :1]
+        for start in range(0, len(u8), CHUNK):  # chunks small enough that the temporal copy reads from cache
+            rows, dst = u8[start:start + CHUNK], out[start:start + CHUNK]
+            for ch in range(3):
+                np.take(self._table[ch], rows[:, ch], out=dst[:, ch, 0], mode="clip")
+            dst[:, :, 1:] = dst[:, :, :1]
