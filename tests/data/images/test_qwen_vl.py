@@ -3,7 +3,6 @@ without torchvision): the same grids and pixel values within 1e-6 on odd sizes, 
 
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest

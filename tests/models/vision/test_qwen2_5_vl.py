@@ -24,11 +24,11 @@ TINY_HF = {"depth": 4, "hidden_size": 64, "intermediate_size": 96, "num_heads": 
 GRIDS = torch.tensor([[1, 10, 14], [1, 6, 4], [2, 4, 6]])
 
 
-def hf_tower(attn: str = "sdpa"):
+def hf_tower(attn: str = "sdpa", **changes):
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    config = transformers.Qwen2_5_VLConfig(vision_config=TINY_HF).vision_config
+    config = transformers.Qwen2_5_VLConfig(vision_config={**TINY_HF, **changes}).vision_config
     config._attn_implementation = attn
     torch.manual_seed(0)
     model = Qwen2_5_VisionTransformerPretrainedModel(config).eval()
@@ -39,23 +39,38 @@ def hf_tower(attn: str = "sdpa"):
     return model
 
 
-def ours_from(hf_model) -> Qwen2_5_VisionTower:
-    cfg = config_from_hf(TINY_HF)
+def ours_from(hf_model, **changes) -> Qwen2_5_VisionTower:
+    cfg = config_from_hf({**TINY_HF, **changes})
     tower = Qwen2_5_VisionTower(cfg).eval()
     tower.load_state_dict(state_dict_from_hf(hf_model.state_dict(), prefix=""), strict=True)
     return tower
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_equal_to_transformers_on_images_of_different_sizes(attn):
-    hf = hf_tower(attn)
-    ours = ours_from(hf)
+@pytest.mark.parametrize("attn, window", [("sdpa", 56), ("eager", 56), ("sdpa", 112)])
+def test_equal_to_transformers_on_images_of_different_sizes(attn, window):
+    hf = hf_tower(attn, window_size=window)
+    ours = ours_from(hf, window_size=window)
     pixels = torch.randn(int(GRIDS.prod(dim=1).sum()), 3 * 2 * 14 * 14)
     with torch.no_grad():
         want = hf(pixels, grid_thw=GRIDS).pooler_output
         got = ours(pixels, GRIDS)
     assert got.shape == want.shape == (int(GRIDS.prod(dim=1).sum()) // 4, 48)
     assert (got - want).abs().max() <= 1e-4
+
+
+def test_gradients_equal_transformers():
+    """Training the tower (or through it) sees transformers' gradients, for the pixels and for the weights."""
+    hf = hf_tower()
+    ours = ours_from(hf)
+    pixels = torch.randn(int(GRIDS.prod(dim=1).sum()), 1176)
+    weights = torch.randn(int(GRIDS.prod(dim=1).sum()) // 4, 48)
+    x_hf, x_ours = pixels.clone().requires_grad_(), pixels.clone().requires_grad_()
+    (hf(x_hf, grid_thw=GRIDS).pooler_output * weights).sum().backward()
+    (ours(x_ours, GRIDS) * weights).sum().backward()
+    assert (x_hf.grad - x_ours.grad).abs().max() <= 1e-4
+    theirs = state_dict_from_hf({k: p.grad for k, p in hf.named_parameters()}, prefix="")
+    for name, p in ours.named_parameters():
+        assert (p.grad - theirs[name]).abs().max() <= 1e-4, name
 
 
 def test_images_do_not_see_each_other_and_order_is_kept():

@@ -1,1 +1,1 @@
-"""Images for vision-language models: decoding user images (``decode``) and each family's pixel preprocessing (``qwen_vl``)."""
+"""Images for vision-language models: decoding user images (``decode``), each family's preprocessing (``qwen_vl``)."""

@@ -104,7 +104,8 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
 
 @dataclass
 class QwenVLImages:
-    """A batch as the vision tower reads it: ``pixel_values`` [patches, C·T·P·P] float32, ``image_grid_thw`` [n, 3]."""
+    """A batch as the vision tower reads it: ``pixel_values`` [patches, C·T·P·P] float32 and
+    ``image_grid_thw`` [images, 3] int64."""
 
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor

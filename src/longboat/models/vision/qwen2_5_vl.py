@@ -5,7 +5,7 @@ Patches (rows of ``C·T·P·P`` pixels from ``data.images.qwen_vl``) are embedde
 pre-RMSNorm blocks with SwiGLU MLPs. Blocks attend within windows of ``window_size`` pixels, except the
 ``full_attention_layers``, which attend over each whole image; images never attend to each other. The 2×2 patch
 merger turns each merge block's four patches into one token of ``out_dim``. Attention is exact
-``scaled_dot_product_attention`` per window or image, the windows of one length run as one batch.
+``scaled_dot_product_attention`` per window or image, those of one length run as one batch.
 Weights convert to and from the ``visual.*`` tensors of Qwen2.5-VL checkpoints (``state_dict_from_hf``).
 """
 
@@ -118,20 +118,28 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (h * cos[:, None] + torch.cat((-h2, h1), dim=-1) * sin[:, None]).to(x.dtype)
 
 
-def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-    """Attention of [S, H, D] tensors within each segment [bounds[i], bounds[i+1]); equal lengths run as one batch."""
-    starts_by_length: dict[int, list[int]] = defaultdict(list)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end > start:
-            starts_by_length[end - start].append(start)
-    if len(starts_by_length) == 1 and len(bounds) == 2:
-        return F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
-    out = torch.empty_like(q)
-    for length, starts in starts_by_length.items():
-        rows = (torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)).flatten()
-        batch = [t[rows].unflatten(0, (len(starts), length)).transpose(1, 2) for t in (q, k, v)]  # [n, H, L, D]
-        out[rows] = F.scaled_dot_product_attention(*batch).transpose(1, 2).flatten(0, 1)
-    return out
+class Segments:
+    """Rows of a sequence cut into segments (windows or images), grouped by length so that each group is one batch."""
+
+    def __init__(self, bounds: list[int], device: torch.device | str = "cpu"):
+        starts_by_length: dict[int, list[int]] = defaultdict(list)
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            if end > start:
+                starts_by_length[end - start].append(start)
+        self.whole = len(bounds) == 2  # one segment: the whole sequence, no gather
+        self.groups = [(len(starts), length, (torch.tensor(starts)[:, None] + torch.arange(length)).flatten())
+                       for length, starts in starts_by_length.items()]
+        self.groups = [(n, length, rows.to(device)) for n, length, rows in self.groups]
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``scaled_dot_product_attention`` of [S, H, D] tensors within each segment."""
+        if self.whole:
+            return F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
+        out = torch.empty_like(q)
+        for n, length, rows in self.groups:
+            batch = [t[rows].unflatten(0, (n, length)).transpose(1, 2) for t in (q, k, v)]  # [n, H, L, D]
+            out[rows] = F.scaled_dot_product_attention(*batch).transpose(1, 2).flatten(0, 1)
+        return out
 
 
 class Attention(nn.Module):
@@ -141,9 +149,9 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, self.n_heads, -1)).unbind(1)
-        out = segment_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, bounds)
+        out = segments.attention(rotate(q, cos, sin), rotate(k, cos, sin), v)
         return self.proj(out.flatten(1))
 
 
@@ -155,8 +163,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, bounds)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, segments)
         return x + self.mlp(self.norm2(x))
 
 
@@ -255,9 +263,10 @@ class Qwen2_5_VisionTower(nn.Module):
         weight = self.patch_embed.weight
         x = layout.permute(self.patch_embed(pixel_values.to(weight.dtype)), unit)
         cos, sin = self.rotary(layout.positions.to(x.device))
+        windows, images = Segments(layout.window_bounds, x.device), Segments(layout.image_bounds, x.device)
         full = set(cfg.full_attention_layers)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, layout.image_bounds if i in full else layout.window_bounds)
+            x = block(x, cos, sin, images if i in full else windows)
         return self.merger(x)[layout.restore.to(x.device)]
 
 
