@@ -14,6 +14,7 @@ from longboat.data.images.qwen_vl import (
     QWEN3_VL,
     QwenVLImageConfig,
     QwenVLImageProcessor,
+    QwenVLImages,
     smart_resize,
 )
 
@@ -62,6 +63,8 @@ def test_a_batch_of_mixed_sizes_is_each_image_in_order():
     images = [Image.fromarray(noise(h, w, seed=h)) for h, w in [(64, 64), (300, 120), (29, 57), (512, 384)]]
     out = assert_equal_to_hf(images)
     assert out.tokens_per_image() == (out.image_grid_thw.prod(dim=1) // 4).tolist()
+    parts = QwenVLImages.cat([QwenVLImageProcessor()(images[:1]), QwenVLImageProcessor()(images[1:])])
+    assert torch.equal(parts.pixel_values, out.pixel_values) and torch.equal(parts.image_grid_thw, out.image_grid_thw)
 
 
 def test_colour_modes_convert_as_transformers_does():

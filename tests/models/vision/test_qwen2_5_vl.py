@@ -118,3 +118,21 @@ def test_bf16_runs_and_stays_close():
         got = ours.to(torch.bfloat16)(pixels, GRIDS)
     assert got.dtype == torch.bfloat16
     assert (got.float() - want).abs().max() < 0.1 * want.abs().max()
+
+
+def test_preprocessed_images_feed_the_tower():
+    """``data.images.qwen_vl`` output goes straight in: one token per merge block of each image, in order."""
+    from PIL import Image
+
+    from longboat.data.images.qwen_vl import QwenVLImageProcessor
+
+    rng = torch.Generator().manual_seed(0)
+    images = [Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=rng, dtype=torch.uint8).numpy())
+              for h, w in [(60, 90), (130, 50)]]
+    batch = QwenVLImageProcessor()(images)
+    hf = hf_tower()
+    with torch.no_grad():
+        tokens = ours_from(hf)(batch.pixel_values, batch.image_grid_thw)
+        want = hf(batch.pixel_values, grid_thw=batch.image_grid_thw).pooler_output
+    assert tokens.shape == (sum(batch.tokens_per_image()), 48)
+    assert (tokens - want).abs().max() <= 1e-4

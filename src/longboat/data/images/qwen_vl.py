@@ -110,6 +110,11 @@ class QwenVLImages:
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
 
+    @classmethod
+    def cat(cls, batches: list[QwenVLImages]) -> QwenVLImages:
+        """Several samples' images as one batch (what a collate function builds): rows and grids in order."""
+        return cls(torch.cat([b.pixel_values for b in batches]), torch.cat([b.image_grid_thw for b in batches]))
+
     def tokens_per_image(self, merge_size: int = 2) -> list[int]:
         """Merged tokens (placeholders in the text) of each image."""
         return (self.image_grid_thw.prod(dim=1) // merge_size**2).tolist()
