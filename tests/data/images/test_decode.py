@@ -70,6 +70,8 @@ def test_unusable_inputs_name_what_was_expected():
         process([42])
     with pytest.raises(ImageError, match="image 0: .*aspect ratio is above 200"):
         process([Image.new("RGB", (1000, 4))])
+    with pytest.raises(ImageError, match="cannot convert image 0 \\(mode La\\) to RGB"):
+        process([Image.new("La", (8, 8))])
     with pytest.raises(ImageError, match="no images"):
         process([])
 

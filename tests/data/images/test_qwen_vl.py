@@ -75,6 +75,8 @@ def test_colour_modes_convert_as_transformers_does():
               Image.fromarray(noise(30, 90, 4)).convert("LA"), palette, Image.fromarray(noise(33, 44)).convert("I")]
     assert [im.mode for im in images] == ["RGBA", "L", "CMYK", "LA", "P", "I"]
     assert_equal_to_hf(images)
+    rgb = Image.fromarray(noise(40, 50))
+    assert_equal_to_hf([rgb.convert(mode) for mode in ("1", "PA", "RGBa", "RGBX", "I;16", "F", "YCbCr", "HSV", "LAB")])
 
 
 def test_arrays_numpy_hwc_and_torch_chw():
