@@ -1,4 +1,4 @@
-"""Image encoders shared by the policies (plain PyTorch; no torchvision)."""
+"""Image encoders shared by the policies and the vision-language models (plain PyTorch; no torchvision)."""
 
 from longboat.models.vision.keypoints import SpatialSoftmax
 from longboat.models.vision.resnet import ResNet, ResNetConfig
