@@ -178,3 +178,35 @@ def test_a_run_trains_logs_the_usual_metrics_resumes_exactly_and_exports(tmp_pat
     a = load_file(Path(straight["run_dir"]) / "export" / "model.safetensors")
     b = load_file(Path(interrupted["run_dir"]) / "export" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel):
+    """The same global batches on 2 ranks (each computing half the reference log-probs) as in one process."""
+    import sys
+
+    import yaml
+
+    from tests.distributed.conftest import finish, start
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", n=32)
+    single = config(tmp_path / "one", pairs, steps=4)
+    single["train"]["micro_batch_size"] = 4
+    train.run(resolve(single))
+    double = config(tmp_path / "two", pairs, steps=4)
+    double["parallel"] = {"data_parallel": data_parallel}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(double))
+    log = tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(path)], log)
+    out = finish(proc, log, timeout=300)
+    assert proc.returncode == 0, out[-6000:]
+    one, two = (Path(c["run_dir"]) for c in (single, double))
+    torch.testing.assert_close(load_file(two / REFERENCE_FILE)["logps"], load_file(one / REFERENCE_FILE)["logps"],
+                               rtol=0, atol=1e-5)
+    for key in ("loss", "rewards/margins", "logps/chosen"):
+        ours = [r[key] for r in read_metrics(two) if key in r]
+        theirs = [r[key] for r in read_metrics(one) if key in r]
+        assert len(ours) == 4
+        torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=1e-5, msg=key)
