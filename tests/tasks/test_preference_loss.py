@@ -9,12 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
+from trl.trainer import dpo_trainer as trl_dpo
 
 from longboat.data.labels import IGNORE_INDEX
 from longboat.models.llm.hf import load_hf_model
 from longboat.tasks.preference_loss import PairLogps, pair_logps, preference_losses
-
-trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 
 
 def fixed_logps(n: int = 6, seed: int = 0):
