@@ -210,3 +210,21 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel):
         theirs = [r[key] for r in read_metrics(one) if key in r]
         assert len(ours) == 4
         torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_an_moe_models_aux_loss_is_added_in_training(tmp_path):
+    moe = dict(MODEL, moe={"d_model": 32, "n_experts": 4, "top_k": 2, "expert_ffn_dim": 16})
+    raw = config(tmp_path, write_pairs(tmp_path / "pairs.jsonl", n=8), loss="simpo")
+    raw["model"] = moe
+    resolved = resolve(raw)
+    data = resolved.task.build(resolved.model, resolved.cfg.train, 0, 1)
+    torch.manual_seed(0)
+    model = resolved.spec.build(resolved.model)
+    batch = batch_of(data.train, range(len(data.train)))
+    model.train()
+    trained = data.loss_fn(model, batch)
+    model.eval()
+    evaluated = data.loss_fn(model, batch)
+    assert "aux_loss" in trained.metrics and "aux_loss" not in evaluated.metrics
+    expected = evaluated.loss_sum + trained.metrics["aux_loss"] * trained.count
+    torch.testing.assert_close(trained.loss_sum, expected, rtol=1e-5, atol=1e-6)

@@ -9,7 +9,8 @@ The formulas are those users know from TRL (``DPOTrainer``'s ``sigmoid``, ``hing
 - ``robust``: ((1 − ε)·(−log σ(β·Δ)) + ε·log σ(−β·Δ)) / (1 − 2ε), ε = ``label_smoothing``;
 - ``simpo``: no reference; −(1 − ε)·log σ(β·m) − ε·log σ(−β·m), m = (avg log π(c) − avg log π(r)) − γ/β.
 
-A pair's loss may add ``sft_weight`` × the mean negative log-likelihood of the chosen answer's tokens.
+A pair's loss may add ``sft_weight`` × the mean negative log-likelihood of the chosen answer's tokens; a model's
+auxiliary losses (MoE routers' balance, the spec's ``ModelHooks.aux``) are added in training as the LM loss adds them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from longboat.data.labels import IGNORE_INDEX
-from longboat.distributed.loss import LossOutput
+from longboat.distributed.loss import LossOutput, unwrap
+from longboat.models.registry import hooks_of
 
 LossKind = Literal["dpo", "ipo", "hinge", "robust", "simpo"]
 REFERENCE_FREE = ("simpo",)
@@ -116,4 +118,10 @@ class PreferenceLoss:
             "rewards/accuracies": (margins > 0).float().mean(), "rewards/margins": margins.mean(),
             "logps/chosen": policy.chosen.detach().mean(), "logps/rejected": policy.rejected.detach().mean(),
         }
-        return LossOutput(losses.sum(), len(policy.ids), len(policy.ids), metrics)
+        loss_sum = losses.sum()
+        aux_of = hooks_of(unwrap(model)).aux
+        aux = aux_of(unwrap(model)) if aux_of is not None and model.training else None
+        if aux is not None:  # e.g. MoE routers' balance losses, weighted per pair as the LM loss weighs per token
+            loss_sum = loss_sum + aux["loss"] * len(policy.ids)
+            metrics["aux_loss"] = aux["loss"].detach()
+        return LossOutput(loss_sum, len(policy.ids), len(policy.ids), metrics)
