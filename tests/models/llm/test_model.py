@@ -10,7 +10,7 @@ import torch
 from longboat.config.base import ConfigError, validate
 from longboat.models import build_model, model_names
 from longboat.models.llm import Decoder, DecoderConfig, load_preset, preset_names
-from tests.models.hf_reference import from_hf_state_dict, hf_architecture, hf_config_dict
+from tests.models.llm.hf_reference import from_hf_state_dict, hf_architecture, hf_config_dict
 
 transformers = pytest.importorskip("transformers")
 
