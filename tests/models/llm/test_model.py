@@ -55,18 +55,6 @@ def test_logits_match_transformers(case):
     assert (got - expected).abs().max().item() <= 1e-4
 
 
-def test_rope_scaling_frequencies_match_transformers():
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    from longboat.models.llm.rope import inverse_frequencies
-
-    cfg = DecoderConfig(**load_preset("llama3.1-8b"))
-    hf_cfg = transformers.LlamaConfig(**hf_config_dict(cfg))
-    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg)
-    got = inverse_frequencies(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
-    assert torch.equal(got, expected)
-
-
 def test_explicit_positions_equal_default():
     model = Decoder(DecoderConfig(**CASES["qwen3-qk-norm-wide-heads"])).eval()
     tokens = torch.randint(0, 256, (2, 12))
