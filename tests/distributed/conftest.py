@@ -129,7 +129,7 @@ def worker_runs(request, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("worker_runs")
     threads = torch.get_num_threads()
     # Compiled cases trace with AOT autograd and run their graphs eagerly: what the layouts change is which parts
-    # become graphs, not how inductor lowers them (tests/models/test_moe_checkpoint_compile.py covers that).
+    # become graphs, not how inductor lowers them (tests/models/moe/test_moe_checkpoint_compile.py covers that).
     env = {"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"}
     try:
         for i, (n, cases) in enumerate(runs.launches.items()):

@@ -106,7 +106,7 @@ def test_gpu_benchmark_dry_run_on_cpu(tmp_path):
     # Safe path: scripts in bench/ must not shadow standard-library modules for each other. The graphs go through
     # inductor's decompositions and its min-cut partitioner (which applies selective AC's recompute policy) and then
     # run eagerly: building their C++ kernels took a minute and says nothing of the GPU's Triton ones
-    # (tests/models/test_moe_checkpoint_compile.py lowers MoE blocks with inductor).
+    # (tests/models/moe/test_moe_checkpoint_compile.py lowers MoE blocks with inductor).
     env = {"PYTHONSAFEPATH": "1", "TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager_decomp_partition"}
     proc = start(torchrun(1, port, "bench/gpu_train.py", "--tiny"), log, env=env)
     out = finish(proc, log, timeout=300)

@@ -1,13 +1,15 @@
-"""An eval config's ``plugins:``: user code that registers a benchmark's runner and simulator, imported before the
-benchmark is resolved."""
+"""An eval config: checked before work, every file under configs/eval loads, and its ``plugins:`` (user code
+that registers a benchmark's runner and simulator, imported before the benchmark is resolved)."""
 
 import json
 import os
+from pathlib import Path
 
+import pytest
 import yaml
 
 from longboat.cli.main import main
-from longboat.eval.config import load_eval_config
+from longboat.eval.config import EvalConfig, load_eval_config
 from tests.serving.conftest import random_server
 
 
@@ -61,3 +63,20 @@ def test_async_env_workers_import_the_plugins_too(tmp_path, capsys, point_plugin
         assert code == 0, err
         assert server.stats.requests > 0
     assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_eval_config_is_checked_before_work():
+    base = {"benchmark": "metaworld", "tasks": ["reach-v3"], "policy": "ws://h:1", "output_dir": "o"}
+    assert EvalConfig(**base, episodes=3, seed=5).episode_seeds() == [5, 6, 7]
+    with pytest.raises(ValueError, match="twice"):
+        EvalConfig(**{**base, "tasks": ["a", "a"]})
+    with pytest.raises(ValueError, match="num_env"):
+        EvalConfig(**base, num_env=2)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs" / "eval").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_eval_config_file_loads(path):
+    cfg = load_eval_config(path, ["episodes=3"])
+    assert cfg.tasks and len(cfg.episode_seeds()) == 3
+

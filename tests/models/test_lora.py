@@ -128,7 +128,7 @@ HF_BASE = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attentio
 
 
 def save_tiny_hf(path, model_type: str, **kwargs):
-    from tests.models.test_hf import make_hf
+    from tests.models.llm.hf.test_io import make_hf
 
     make_hf(model_type, dict(HF_BASE, **kwargs)).save_pretrained(path)
     return path

@@ -1,5 +1,6 @@
-"""Small real tokenizers with chat templates (Qwen2.5-, Llama-3- and Qwen3-style) that ``transformers`` loads, and
-conversations with system prompts, several turns and tool calls."""
+"""Small real tokenizers with chat templates (Qwen2.5-, Llama-3- and Qwen3-style) that ``transformers`` loads,
+conversations with system prompts, several turns and tool calls, and ``encode`` (conversations through the chat
+supervisor)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from longboat.data.chat.builtin import resolve_chat_template
+from longboat.data.chat.sources import Conversation
+from longboat.data.chat.supervision import ChatSupervisor
 from longboat.data.tokenizer import Tokenizer as LongboatTokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "chat"
@@ -41,6 +45,14 @@ CONVERSATIONS = [
 def corpus() -> list[str]:
     lines = [m["content"] for c in CONVERSATIONS for m in c] + [TEMPLATES.joinpath("qwen25_style.jinja").read_text()]
     return lines * 5 + ["user assistant system tool ipython\n\n You are a helpful assistant."] * 20
+
+
+def encode(tokenizer_dir, conversations, **options):
+    """Conversations through the chat supervisor as a training run encodes them: (samples per conversation, stats)."""
+    tok = LongboatTokenizer(tokenizer_dir)
+    template, _ = resolve_chat_template(tok, options.pop("chat_template", None))
+    supervisor = ChatSupervisor(tok, template, **options)
+    return supervisor.encode([Conversation(m, i + 1) for i, m in enumerate(conversations)], "test.jsonl")
 
 
 def make_tokenizer(out: Path, template: str | None, eos: str, bos: str | None = None, vocab_size: int = 600) -> Path:

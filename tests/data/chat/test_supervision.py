@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 from longboat.data.chat.builtin import resolve_chat_template
 from longboat.data.chat.sources import Conversation
 from longboat.data.chat.supervision import ChatSupervisor, SupervisionError
-from longboat.data.chat.template import ChatTemplateError
 from longboat.data.labels import IGNORE_INDEX
 from longboat.data.tokenizer import Tokenizer
-from tests.data.chat.conftest import CONVERSATIONS, TOOLS, make_tokenizer
+from tests.data.chat.conftest import CONVERSATIONS, TOOLS, encode
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,13 +32,6 @@ def reference(hf, messages, **kwargs) -> tuple[list[int], list[int]]:
             assert full[: len(before)] == before and full[: len(through)] == through
             labels[len(before): len(through)] = full[len(before): len(through)]
     return full, labels
-
-
-def encode(tokenizer_dir, conversations, **options):
-    tok = Tokenizer(tokenizer_dir)
-    template, _ = resolve_chat_template(tok, options.pop("chat_template", None))
-    supervisor = ChatSupervisor(tok, template, **options)
-    return supervisor.encode([Conversation(m, i + 1) for i, m in enumerate(conversations)], "test.jsonl")
 
 
 def assert_matches_transformers(tokenizer_dir, conversations, **kwargs):
@@ -142,21 +134,6 @@ def test_conversation_whose_turn_the_generation_prompt_does_not_open_is_rejected
     # Thinking off: the prompt ends in an empty think block, but this reply carries reasoning.
     [samples], stats = encode(qwen3_tokenizer, [QWEN3_TURNS[:2]], template_kwargs={"enable_thinking": False})
     assert samples == [] and "generation prompt does not open assistant turn 1" in stats.rejected[0]
-
-
-def test_builtin_templates(tmp_path):
-    chatml = make_tokenizer(tmp_path / "plain", None, "<|endoftext|>", vocab_size=300)
-    tok = Tokenizer(chatml)
-    with pytest.raises(ChatTemplateError, match="no chat template; set data.chat_template to one of chatml, llama3"):
-        resolve_chat_template(tok, None)
-    for name, end in (("chatml", "<|im_end|>\n"), ("llama3", "<|eot_id|>")):
-        template, own = resolve_chat_template(tok, name)
-        assert not own
-        [[sample]], _ = encode(chatml, [CONVERSATIONS[0]], chat_template=name)
-        supervised = tok.decode([t for t in sample.labels.tolist() if t != IGNORE_INDEX])
-        assert supervised == "A long, narrow ship with oars and a sail." + end
-    with pytest.raises(ChatTemplateError, match="neither a built-in template"):
-        resolve_chat_template(tok, "vicuna")
 
 
 def test_merge_is_found_where_no_added_token_precedes_the_boundary(qwen_tokenizer, tmp_path):

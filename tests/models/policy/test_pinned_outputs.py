@@ -13,7 +13,8 @@ import torch
 
 from longboat.models import build_model
 from longboat.models.policy.diffusion import DiffusionPolicy
-from tests.models.policy import test_diffusion, test_flow_vla
+from tests.models.policy.diffusion import test_model as test_diffusion
+from tests.models.policy.flow_vla import test_model as test_flow_vla
 
 
 @contextmanager

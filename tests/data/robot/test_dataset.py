@@ -1,4 +1,4 @@
-"""Windows and pad masks at episode edges, episode subsets, the split by episode, and DataLoader workers."""
+"""Windows and pad masks at episode edges, episode subsets, cached video decoding, and DataLoader workers."""
 
 import gc
 
@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from longboat.data.loader import EpochOrder, ResumableLoader
-from longboat.data.robot import RobotDataError, RobotDataset, split_episodes
+from longboat.data.robot import RobotDataError, RobotDataset
 from longboat.data.robot.encode import video_info
 from tests.data.robot.conftest import LENGTHS
 
@@ -82,16 +82,6 @@ def test_offsets_must_be_whole_frames(written):
     root, _ = written
     with pytest.raises(RobotDataError, match=r"delta_timestamps.action: offset\(s\) \[0.05\] are not multiples"):
         RobotDataset(root, delta_timestamps={"action": [0.0, 0.05]})
-
-
-def test_split_by_episode_is_seeded_and_disjoint():
-    train, valid = split_episodes(range(10), 0.2, seed=3)
-    assert len(valid) == 2 and sorted(train + valid) == list(range(10)) and not set(train) & set(valid)
-    assert split_episodes(range(10), 0.2, seed=3) == (train, valid)
-    assert any(split_episodes(range(10), 0.2, seed=s)[1] != valid for s in range(4, 10))
-    assert split_episodes([4, 5, 6], 0.01, seed=0)[1] != []  # a positive fraction keeps one episode
-    with pytest.raises(RobotDataError, match="leaves none for training"):
-        split_episodes([1], 0.5, seed=0)
 
 
 def _collect(worker_id: int) -> None:

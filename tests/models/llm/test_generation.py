@@ -7,7 +7,7 @@ import torch
 
 from longboat.models.llm.generation import filter_logits, generate, sample_next
 from longboat.models.llm import Decoder, DecoderConfig
-from tests.models.hf_reference import from_hf_name, hf_architecture, hf_config_dict
+from tests.models.llm.hf_reference import from_hf_name, hf_architecture, hf_config_dict
 
 CFG = dict(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64)
 

@@ -10,7 +10,7 @@ import torch
 from longboat.config.base import ConfigError, validate
 from longboat.models import build_model, model_names
 from longboat.models.llm import Decoder, DecoderConfig, load_preset, preset_names
-from tests.models.hf_reference import from_hf_state_dict, hf_architecture, hf_config_dict
+from tests.models.llm.hf_reference import from_hf_state_dict, hf_architecture, hf_config_dict
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,18 +53,6 @@ def test_logits_match_transformers(case):
         got = ours(tokens)
     assert expected.abs().mean() > 0.1  # random weights give non-trivial logits
     assert (got - expected).abs().max().item() <= 1e-4
-
-
-def test_rope_scaling_frequencies_match_transformers():
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    from longboat.models.llm.rope import inverse_frequencies
-
-    cfg = DecoderConfig(**load_preset("llama3.1-8b"))
-    hf_cfg = transformers.LlamaConfig(**hf_config_dict(cfg))
-    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg)
-    got = inverse_frequencies(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
-    assert torch.equal(got, expected)
 
 
 def test_explicit_positions_equal_default():

@@ -11,7 +11,7 @@ import torch
 from longboat.models.llm.hf import load_hf_model
 from tests.distributed.conftest import finish, free_ports, start, torchrun
 from tests.distributed.hf_load_worker import TOKENS
-from tests.models.test_hf_stream import moe_dir  # noqa: F401 - the module fixture
+from tests.models.llm.hf.test_stream import moe_dir  # noqa: F401 - the module fixture
 
 WORKER = "tests/distributed/hf_load_worker.py"
 

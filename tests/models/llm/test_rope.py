@@ -1,4 +1,5 @@
-"""RoPE scaling: YaRN frequencies, attention factors and logits against transformers beyond the original context."""
+"""RoPE scaling: Llama 3's and YaRN's frequencies, attention factors and logits against transformers beyond the
+original context."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 import torch
 
 from longboat.config.base import ConfigError, validate
-from longboat.models.llm import DecoderConfig
+from longboat.models.llm import DecoderConfig, load_preset
 from longboat.models.llm.hf import load_hf_model, save_hf_model
 from longboat.models.llm.rope import attention_factor, inverse_frequencies, softmax_scale_factor
+from tests.models.llm.hf_reference import hf_config_dict
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,3 +123,13 @@ def test_bad_yarn_value_in_config_json_names_the_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(hf))
     with pytest.raises(ConfigError, match=r"config.json: 'model.rope_scaling.beta_slow'"):
         load_hf_model(tmp_path)
+
+
+def test_rope_scaling_frequencies_match_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = DecoderConfig(**load_preset("llama3.1-8b"))
+    hf_cfg = transformers.LlamaConfig(**hf_config_dict(cfg))
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg)
+    got = inverse_frequencies(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+    assert torch.equal(got, expected)

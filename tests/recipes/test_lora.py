@@ -40,7 +40,7 @@ LORA = {"rank": 4, "alpha": 8, "targets": ["wq", "wv", "wo", "w2"]}
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A tiny random Llama saved by transformers, with the corpus tokenizer's vocabulary."""
-    from tests.models.test_hf import make_hf
+    from tests.models.llm.hf.test_io import make_hf
 
     out = tmp_path_factory.mktemp("hf") / "tiny-llama"
     make_hf("llama", dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -1,12 +1,11 @@
+"""Learning-rate schedules: warmup then cosine or warmup-stable-decay, and their config checks."""
+
 import math
 
 import pytest
-import torch
 
 from longboat.config.base import ConfigError, validate
-from longboat.trainer.optim import OptimizerConfig, build_optimizer, param_groups
 from longboat.trainer.schedule import ScheduleConfig, lr_multiplier
-from tests.trainer.conftest import small_model
 
 
 def test_cosine_warms_up_then_decays_to_min():
@@ -33,16 +32,3 @@ def test_schedule_validation():
     with pytest.raises(ConfigError, match="min_lr_ratio"):
         validate(ScheduleConfig, {"min_lr_ratio": 2})
 
-
-def test_no_decay_for_norms_biases_embeddings():
-    model = small_model()
-    decay, no_decay = param_groups(model, OptimizerConfig(weight_decay=0.1))
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim == 2 for p in decay["params"])
-    no_decay_names = {names[id(p)] for p in no_decay["params"]}
-    assert "tok_embeddings.weight" in no_decay_names
-    assert any("norm" in n for n in no_decay_names)
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    opt = build_optimizer(model, OptimizerConfig(lr=1e-3))
-    assert isinstance(opt, torch.optim.AdamW)
