@@ -77,7 +77,7 @@ def test_simpo_equals_trls_cpo_loss():
 
 
 def test_packed_pair_logps_equal_a_transformers_models_per_sequence(tmp_path):
-    from tests.models.test_hf import make_hf
+    from tests.models.llm.hf.test_io import make_hf
 
     hf_dir = tmp_path / "llama"
     make_hf("llama", dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
