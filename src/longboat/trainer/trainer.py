@@ -17,7 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -98,6 +98,7 @@ class Trainer:
         param_groups: list[ParamGroup] | None = None,
         seed: int = 0,
         pipeline: Pipeline | None = None,
+        replica: Callable[[], nn.Module] | None = None,
     ):
         self.cfg, self.ckpt_cfg = cfg, checkpoint
         self.run_dir = Path(run_dir)
@@ -110,6 +111,7 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         # With pipeline parallelism ``model`` is this rank's stages and the pipeline runs every forward.
         self.pipeline = pipeline
+        self.replica = replica  # builds another model sharded like this one, for the hooks (a frozen reference)
         if pipeline is not None and cfg.eval_batches % cfg.grad_accum:
             raise TrainingError(f"train.eval_batches={cfg.eval_batches} must be a multiple of train.grad_accum="
                                 f"{cfg.grad_accum} with parallel.pp > 1: the pipeline evaluates a step's worth of "
@@ -380,7 +382,7 @@ class Trainer:
                           "its own defaults")
         self.model.to(self.device)
         resumed = self.resume() if self.ckpt_cfg.resume else False
-        self.hooks.before_training(self.model, self.run_dir, self.device, self.dp, resumed)
+        self.hooks.before_training(self.model, self.run_dir, self.device, self.dp, resumed, self.replica)
         previous_handlers = self._install_signal_handlers()
         rate_key = f"{self.hooks.unit}_per_s"
         log_keys = ("loss", "lr", "grad_norm", "epoch", rate_key, "mfu", "peak_mem_mb")
