@@ -38,13 +38,17 @@ class ModelHooks:
     reports), or None when that forward added none; ``after_optimizer_step(model, dp_group)``: run after every
     optimizer step, outside the gradient; ``experts``: the expert sets expert and tensor parallelism shard;
     ``model_inputs(batch)``: keyword inputs the model takes from the batch besides those the task passes (the LM
-    tasks pass ``tokens`` and, when the data has them, ``positions`` and ``segments``).
+    tasks pass ``tokens`` and, when the data has them, ``positions`` and ``segments``); ``output_head(model)``: a
+    language model's last hidden states and its output head apart, ``(hidden(tokens, positions) -> [B, T, d],
+    weight [vocab, d])``, so a caller that needs the logits of a few positions (scoring answers) computes only
+    those instead of [B, T, vocab].
     """
 
     aux: Callable[[nn.Module], dict | None] | None = None
     after_optimizer_step: Callable[[nn.Module, Any], None] | None = None
     experts: ExpertSets | None = None
     model_inputs: Callable[[dict], dict] | None = None
+    output_head: Callable[[nn.Module], tuple[Callable, Any]] | None = None
 
 
 NO_HOOKS = ModelHooks()
