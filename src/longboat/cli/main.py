@@ -204,7 +204,8 @@ def _serve(args: argparse.Namespace) -> int:
     if (args.path is None) == (args.random_policy is None):
         raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")
     fields = {"host": args.host, "port": args.port, "batch_window_ms": args.batch_window_ms,
-              "max_batch": args.max_batch, "max_message_bytes": args.max_message_bytes,
+              "max_batch": args.max_batch, "deterministic": args.deterministic,
+              "max_message_bytes": args.max_message_bytes,
               "api_key": os.environ.get("LONGBOAT_API_KEY") or None}
     cfg = validate(ServerConfig, fields, "serve")
     check_host(cfg.host)
@@ -368,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-window-ms", type=float, default=2.0,
                    help="how long a batch waits for more requests (0: one request at a time)")
     p.add_argument("--max-batch", type=int, default=32, help="most requests in one forward pass")
+    p.add_argument("--deterministic", action="store_true",
+                   help="each request in a forward pass of its own, so its actions never depend on which other "
+                        "requests arrive with it (batching off; bitwise reproducible evaluations)")
     p.add_argument("--max-message-bytes", type=int, default=32 << 20, help="larger requests are refused unread")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--threads", type=_at_least_one, default=None,

@@ -255,6 +255,7 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []
     args += ["--verbose"] if s.verbose else []
+    args += ["--deterministic"] if s.deterministic else []
     args += [arg for plugin in s.plugins for arg in ("--plugin", plugin)]
     manager = stack.enter_context(ServerManager(args, out / "server.log", host=s.host,
                                                 startup_timeout_s=s.startup_timeout_s))
