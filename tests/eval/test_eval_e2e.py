@@ -75,7 +75,7 @@ def test_trained_policy_succeeds_in_closed_loop_with_a_report(clean_run):
     assert task["successes"] == 3 and task["episodes"] == 3, outcomes
     assert task["ci95"][0] > 0.4 and task["latency_ms"]["p50"] > 0 and summary["overall"]["successes"] == 3
     episodes = read_results(out / "results.jsonl")
-    assert [e["video"] is not None for e in episodes if e["seed"] == SEEDS[0]] == [True]
+    assert sum(e["video"] is not None for e in episodes) == 1  # the quota: one success (and one failure, had any)
     video = next(e["video"] for e in episodes if e["video"])
     assert video_info(out / video)["video.height"] == 32
     assert "3/3" in (out / "report.html").read_text()
