@@ -1,6 +1,7 @@
 """Diffusion networks over images and latents; importing this package registers the "dit" architecture."""
 
 from longboat.models.diffusion.dit import DiT, DiTConfig
+from longboat.models.diffusion.dit_diffusers import DiTDiffusers
 from longboat.models.registry import ModelSpec, register_model
 
 
@@ -18,6 +19,7 @@ DIT_SPEC = register_model(ModelSpec(
     presets="longboat.models.diffusion",
     parallel_units=("blocks",),
     tensor_parallel=_tensor_parallel_plan,
+    hf=DiTDiffusers(),
 ))
 
 __all__ = ["DIT_SPEC", "DiT", "DiTConfig"]

@@ -212,10 +212,17 @@ class DiT(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The fixed position embedding, which no checkpoint holds, placed beside the weights (off the meta device
+        when they were assigned from a checkpoint)."""
+        table = sincos_position_embedding(self.cfg.hidden_size, self.cfg.grid_size).unsqueeze(0)
+        self.pos_embed = table.to(self.patch_embed.weight.device, torch.float32)
+
+    @torch.no_grad()
     def init_weights(self) -> None:
         """DiT's initialisation (valid after ``to_empty``): Xavier-uniform linears and patch embedding with zero
         biases, N(0, 0.02) timestep MLP and class table, and zero adaLN regressors and output layer."""
-        self.pos_embed.copy_(sincos_position_embedding(self.cfg.hidden_size, self.cfg.grid_size).unsqueeze(0))
+        self.init_buffers()
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
