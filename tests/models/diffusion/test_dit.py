@@ -3,7 +3,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from longboat.config.base import ConfigError
-from longboat.distributed.parallelize import plan_entry_matches
 from longboat.models import build_model, get_model
 from longboat.models.diffusion import DiT, DiTConfig
 
@@ -116,14 +115,3 @@ def test_presets_build_and_flops_match_the_counter():
     attention = cfg.depth * 4 * cfg.num_patches ** 2 * cfg.hidden_size
     assert cfg.flops_per_sample() == 3 * (counter.get_total_flops() + attention)
 
-
-def test_tensor_parallel_plan_names_real_modules():
-    spec = get_model("dit")
-    cfg = DiTConfig(**SMALL)
-    names = [n for n, _ in DiT(cfg).named_modules()]
-    plan = spec.tensor_parallel_plan(cfg, 2)
-    for pattern in plan:
-        assert sum(plan_entry_matches(n, pattern) for n in names) == cfg.depth, pattern
-    with pytest.raises(ConfigError, match="parallel.tp=3 must divide the model's num_heads"):
-        spec.tensor_parallel_plan(cfg, 3)
-    assert spec.parallel_units == ("blocks",) and spec.pipeline is None
