@@ -6,11 +6,11 @@ from diffusers import DiTTransformer2DModel
 
 from longboat.models import hf_spec
 from longboat.models.diffusion import DiT, DiTConfig
+from longboat.models.diffusion.diffusers_interop import load_diffusers, save_diffusers
 from longboat.models.diffusion.dit_diffusers import (
+    DIT_FORMAT,
     config_from_diffusers,
     config_to_diffusers,
-    load_diffusers,
-    save_diffusers,
     state_dict_from_diffusers,
     state_dict_to_diffusers,
     tensor_name,
@@ -83,9 +83,9 @@ def test_directories_both_ways_and_the_convert_command(tmp_path):
     theirs = diffusers_dit(learn_sigma=True)
     theirs.save_pretrained(tmp_path / "theirs")
     assert hf_spec(tmp_path / "theirs").name == "dit"
-    ours, cfg = load_diffusers(tmp_path / "theirs")
+    ours, cfg = load_diffusers(DIT_FORMAT, tmp_path / "theirs")
     assert_same_outputs(ours, theirs)
-    save_diffusers(ours, tmp_path / "ours", cfg, max_shard_size="20KB")  # sharded, with an index
+    save_diffusers(DIT_FORMAT, ours, tmp_path / "ours", cfg, max_shard_size="20KB")  # sharded, with an index
     assert (tmp_path / "ours" / "diffusion_pytorch_model.safetensors.index.json").is_file()
     assert_same_outputs(ours, DiTTransformer2DModel.from_pretrained(tmp_path / "ours").eval())
     # longboat convert: diffusers directory -> export -> diffusers directory.

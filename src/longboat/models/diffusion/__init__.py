@@ -1,7 +1,11 @@
-"""Diffusion networks over images and latents; importing this package registers the "dit" architecture."""
+"""Diffusion networks over images, latents and video; importing this package registers the "dit" and "wan"
+architectures."""
 
+from longboat.models.diffusion.diffusers_interop import DiffusersInterop
 from longboat.models.diffusion.dit import DiT, DiTConfig
-from longboat.models.diffusion.dit_diffusers import DiTDiffusers
+from longboat.models.diffusion.dit_diffusers import DIT_FORMAT
+from longboat.models.diffusion.wan import Wan, WanConfig
+from longboat.models.diffusion.wan_diffusers import WAN_FORMAT
 from longboat.models.registry import ModelSpec, register_model
 
 
@@ -19,7 +23,14 @@ DIT_SPEC = register_model(ModelSpec(
     presets="longboat.models.diffusion",
     parallel_units=("blocks",),
     tensor_parallel=_tensor_parallel_plan,
-    hf=DiTDiffusers(),
+    hf=DiffusersInterop(DIT_FORMAT),
+))
+WAN_SPEC = register_model(ModelSpec(
+    name="wan",
+    config=WanConfig,
+    module=Wan,
+    parallel_units=("blocks",),
+    hf=DiffusersInterop(WAN_FORMAT),
 ))
 
-__all__ = ["DIT_SPEC", "DiT", "DiTConfig"]
+__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "WAN_SPEC", "Wan", "WanConfig"]

@@ -9,24 +9,13 @@ of ours diffusers cannot, fails naming it.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Iterator
-
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
+from longboat.models.diffusion.diffusers_interop import DiffusersFormat
 from longboat.models.diffusion.dit import DiT, DiTConfig
 from longboat.models.llm.hf.adapter import HFConversionError
-from longboat.utils.json_files import read_json_object
-from longboat.utils.outputs import staged_output
 
 CLASS_NAME = "DiTTransformer2DModel"
-CONFIG = "config.json"
-WEIGHTS = "diffusion_pytorch_model.safetensors"
-WEIGHTS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # What diffusers' DiT fixes and our config leaves open: the value it needs.
 _FIXED = {"time_freq_shift": 1.0, "norm_eps": 1e-6, "frequency_embedding_size": 256}
@@ -61,7 +50,7 @@ _RENAMED = {  # ours -> diffusers, one tensor each ({i}: the block index)
 
 
 # ---- config -------------------------------------------------------------------------------------------------------
-def config_from_diffusers(d: dict, source: str = CONFIG) -> dict:
+def config_from_diffusers(d: dict, source: str = "config.json") -> dict:
     """Our config fields from a ``DiTTransformer2DModel`` config; an option we cannot represent fails naming it."""
     unknown = sorted(k for k in d if not k.startswith("_") and k not in _MAPPED and k not in _REQUIRED)
     if unknown:
@@ -172,104 +161,5 @@ def tensor_name(name: str) -> str | None:
     return None if their is None else their.replace("{i}", index or "")
 
 
-# ---- files --------------------------------------------------------------------------------------------------------
-def read_config(directory: str | Path) -> dict:
-    path = Path(directory) / CONFIG
-    if not path.is_file():
-        raise HFConversionError(f"{directory}: no {CONFIG}")
-    d = read_json_object(path, HFConversionError)
-    if d.get("_class_name", CLASS_NAME) != CLASS_NAME:
-        raise HFConversionError(f"{path}: _class_name {d['_class_name']!r} is not {CLASS_NAME}")
-    return d
-
-
-def read_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of ``diffusion_pytorch_model.safetensors`` or of the shards its index names."""
-    directory = Path(directory)
-    if (directory / WEIGHTS_INDEX).is_file():
-        weight_map = read_json_object(directory / WEIGHTS_INDEX, HFConversionError).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise HFConversionError(f"{directory / WEIGHTS_INDEX}: no weight_map of tensor names to shard files")
-        files = [directory / name for name in sorted(set(weight_map.values()))]
-    else:
-        files = [directory / WEIGHTS]
-    state = {}
-    for path in files:
-        if not path.is_file():
-            raise HFConversionError(f"{directory}: no {path.name} (diffusers' safetensors weights)")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                state.update((key, f.get_tensor(key)) for key in f.keys())
-        except (SafetensorError, OSError) as e:
-            raise HFConversionError(f"{path}: cannot read safetensors weights: {e}") from None
-    return state
-
-
-def load_diffusers(directory: str | Path, dtype: str | None = None) -> tuple[DiT, DiTConfig]:
-    """Our DiT (eval mode) from a ``DiTTransformer2DModel`` directory; the stored dtype unless ``dtype`` is given."""
-    cfg = DiTConfig(**config_from_diffusers(read_config(directory), str(Path(directory) / CONFIG)))
-    state = state_dict_from_diffusers(read_state_dict(directory), cfg)
-    if dtype is not None:
-        state = {k: v.to(_DTYPES[dtype]) for k, v in state.items()}
-    with torch.device("meta"):
-        model = DiT(cfg)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.init_buffers()
-    return model.eval(), cfg
-
-
-def save_diffusers(weights: torch.nn.Module | dict, out: str | Path, cfg: DiTConfig, dtype: str | None = None,
-                   max_shard_size: int | str = "5GB") -> Path:
-    """Write a directory ``DiTTransformer2DModel.from_pretrained`` reads, atomically (a staged sibling renamed)."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-
-    from longboat.models.llm.hf.io import parse_size
-
-    config = config_to_diffusers(cfg)
-    state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-    target = _DTYPES[dtype] if dtype else next(v.dtype for v in state.values() if v.is_floating_point())
-    theirs = {k: v.detach().to("cpu", target).contiguous() for k, v in state_dict_to_diffusers(state, cfg).items()}
-    split = split_torch_state_dict_into_shards(theirs, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
-                                               max_shard_size=parse_size(max_shard_size))
-    with staged_output(out, None) as tmp:
-        for fname, names in split.filename_to_tensors.items():
-            save_file({k: theirs[k] for k in names}, str(tmp / fname), metadata={"format": "pt"})
-        if split.is_sharded:
-            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-            (tmp / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    return Path(out)
-
-
-class DiTDiffusers:
-    """The ``ModelSpec.hf`` interop of the "dit" architecture: diffusers ``DiTTransformer2DModel`` directories, told
-    apart by config.json's ``_class_name``, in and out through ``longboat convert`` and a run's ``model.hf``."""
-
-    def families(self) -> list[str]:
-        return [CLASS_NAME]
-
-    def load(self, hf_dir: str | Path, dtype: str | None = None) -> tuple[Any, DiTConfig, str, dict]:
-        model, cfg = load_diffusers(hf_dir, dtype)
-        return model, cfg, CLASS_NAME, {}
-
-    def config_fields(self, hf_dir: str | Path) -> dict:
-        return config_from_diffusers(read_config(hf_dir), str(Path(hf_dir) / CONFIG))
-
-    def read_weights(self, hf_dir: str | Path, cfg: DiTConfig) -> dict:
-        return state_dict_from_diffusers(read_state_dict(hf_dir), cfg)
-
-    def stream_weights(self, hf_dir: str | Path, cfg: DiTConfig) -> Iterator[dict]:
-        yield self.read_weights(hf_dir, cfg)  # one group: a DiT's weights are read whole
-
-    def export_family(self, cfg: DiTConfig, requested: bool | str, source: str | Path | None) -> str:
-        if requested not in (True, CLASS_NAME):
-            raise HFConversionError(f"family {requested!r}: longboat's DiT converts to {CLASS_NAME} only")
-        config_to_diffusers(cfg)  # raises, naming the setting, when diffusers cannot hold cfg
-        return CLASS_NAME
-
-    def tensor_name(self, family: str, name: str) -> str | None:
-        return tensor_name(name)
-
-    def save(self, weights: Any, family: str, out: str | Path, cfg: DiTConfig, tokenizer_dir: str | Path | None = None,
-             dtype: str | None = None, max_shard_size: int | str = "5GB") -> Path:
-        return save_diffusers(weights, out, cfg, dtype, max_shard_size)
+DIT_FORMAT = DiffusersFormat(CLASS_NAME, DiTConfig, DiT, config_from_diffusers, config_to_diffusers,
+                             state_dict_from_diffusers, state_dict_to_diffusers, tensor_name)
