@@ -340,8 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "export, or back")
     p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf", "diffusers-to-longboat",
                                          "longboat-to-diffusers"])
-    p.add_argument("source", help="HF directory, or a diffusers model's (its transformer/ folder) (…-to-longboat); "
-                                  "export, run dir or checkpoint (longboat-to-…)")
+    p.add_argument("source", help="HF directory, or a diffusers model's (its transformer/ folder) (...-to-longboat); "
+                                  "export, run dir or checkpoint (longboat-to-...)")
     p.add_argument("output", help="directory to write")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weight dtype to write (default: keep the source's)")

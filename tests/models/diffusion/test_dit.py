@@ -5,6 +5,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from longboat.config.base import ConfigError
 from longboat.models import build_model, get_model
 from longboat.models.diffusion import DiT, DiTConfig
+from longboat.models.diffusion.dit import xavier_as_linear
 
 SMALL = dict(image_size=8, in_channels=3, patch_size=2, hidden_size=32, depth=2, num_heads=4, num_classes=5)
 
@@ -115,3 +116,12 @@ def test_presets_build_and_flops_match_the_counter():
     attention = cfg.depth * 4 * cfg.num_patches ** 2 * cfg.hidden_size
     assert cfg.flops_per_sample() == 3 * (counter.get_total_flops() + attention)
 
+
+
+def test_patch_embedding_init_is_xavier_over_flattened_patches():
+    w, reference = torch.empty(64, 4, 2, 2), torch.empty(64, 16)
+    torch.manual_seed(0)
+    xavier_as_linear(w)
+    torch.manual_seed(0)
+    torch.nn.init.xavier_uniform_(reference)
+    torch.testing.assert_close(w.view(64, 16), reference)

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from longboat.config.base import StrictModel
-from longboat.models.diffusion.dit import timestep_sinusoid
+from longboat.models.diffusion.dit import timestep_sinusoid, xavier_as_linear
 
 
 class WanConfig(StrictModel):
@@ -183,8 +183,7 @@ class Wan(nn.Module):
                 nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is not None:
                 module.reset_parameters()
-        w = self.patch_embed.weight
-        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        xavier_as_linear(self.patch_embed.weight)
         nn.init.zeros_(self.patch_embed.bias)
         for layer in (self.time_mlp[0], self.time_mlp[2], self.time_proj, self.text_mlp[0], self.text_mlp[2]):
             nn.init.normal_(layer.weight, std=0.02)
