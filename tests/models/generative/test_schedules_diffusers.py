@@ -28,9 +28,10 @@ def test_flow_grid_and_euler_loop_equal_diffusers(steps, shift):
     scheduler = diffusers_flow(steps, shift)
     starts, sizes = time_grid(steps, shift)
     ends = [a - h for a, h in zip(starts, sizes)]
-    torch.testing.assert_close(torch.tensor(starts + [0.0], dtype=torch.float64), scheduler.sigmas.double(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(torch.tensor(ends, dtype=torch.float64), scheduler.sigmas[1:].double(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(scheduler.timesteps.double(), torch.tensor(starts, dtype=torch.float64) * 1000, rtol=0, atol=1e-3)
+    sigmas = scheduler.sigmas.double()
+    torch.testing.assert_close(torch.tensor(starts + [0.0], dtype=torch.float64), sigmas, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(ends, dtype=torch.float64), sigmas[1:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(scheduler.timesteps.double(), sigmas[:-1] * 1000, rtol=0, atol=1e-3)
 
     noise = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
     x = noise.clone()
@@ -46,8 +47,8 @@ def test_resolution_shift_equals_diffusers_dynamic_shifting(seq_len):
     shift = resolution_shift(seq_len)
     assert shift == pytest.approx(np.exp(mu), rel=1e-12)
     starts, _ = time_grid(20, shift)
-    torch.testing.assert_close(torch.tensor(starts + [0.0], dtype=torch.float64), diffusers_flow(20, None, mu).sigmas.double(),
-                               rtol=0, atol=1e-6)
+    theirs = diffusers_flow(20, None, mu).sigmas.double()
+    torch.testing.assert_close(torch.tensor(starts + [0.0], dtype=torch.float64), theirs, rtol=0, atol=1e-6)
     assert resolution_shift(4096) > resolution_shift(1024) > resolution_shift(256) == pytest.approx(np.exp(0.5))
 
 

@@ -58,7 +58,8 @@ def config_from_diffusers(d: dict, source: str = "config.json") -> dict:
     for key, value in _REQUIRED.items():
         if key in d and d[key] != value:
             raise HFConversionError(f"{source}: {key}={d[key]!r} is not supported; longboat's DiT has {value!r}")
-    heads, head_dim, channels = d.get("num_attention_heads", 16), d.get("attention_head_dim", 72), d.get("in_channels", 4)
+    heads, head_dim = d.get("num_attention_heads", 16), d.get("attention_head_dim", 72)
+    channels = d.get("in_channels", 4)
     out = d.get("out_channels") or channels
     if out not in (channels, 2 * channels):
         raise HFConversionError(f"{source}: out_channels={out} is not supported; longboat's DiT outputs in_channels "
