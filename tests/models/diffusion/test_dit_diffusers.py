@@ -4,7 +4,7 @@ import pytest
 import torch
 from diffusers import DiTTransformer2DModel
 
-from longboat.models import hf_spec
+from longboat.models import get_model, hf_spec
 from longboat.models.diffusion import DiT, DiTConfig
 from longboat.models.diffusion.diffusers_interop import load_diffusers, save_diffusers
 from longboat.models.diffusion.dit_diffusers import (
@@ -117,3 +117,9 @@ def test_tensor_names():
     assert tensor_name("blocks.1.mlp.fc1.weight") == "transformer_blocks.1.ff.net.0.proj.weight"
     assert tensor_name("final.linear.bias") == "proj_out_2.bias"
     assert tensor_name("blocks.0.attn.qkv.weight") is None and tensor_name("time_mlp.0.weight") is None
+
+
+def test_the_xl_2_preset_is_diffusers_dit_xl_2():
+    with torch.device("meta"):  # diffusers' defaults are DiT-XL/2 at 256 pixels; facebook/DiT-XL-2-256 adds sigma
+        theirs = DiTTransformer2DModel(out_channels=8)
+    assert DiTConfig(**config_from_diffusers(dict(theirs.config))) == DiTConfig(**get_model("dit").load_preset("xl-2"))
