@@ -176,7 +176,7 @@ def _convert(args: argparse.Namespace) -> int:
     from longboat.recipes import convert
 
     _load_plugins(args)
-    if args.direction == "hf-to-longboat":
+    if args.direction in ("hf-to-longboat", "diffusers-to-longboat"):  # one path: the directory says its format
         out = convert.hf_to_longboat(args.source, args.output, args.dtype, args.overwrite)
     else:
         out = convert.longboat_to_hf(args.source, args.output, args.family, args.dtype, args.max_shard_size,
@@ -337,9 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="run_dir/checkpoints/step_N, or a run directory")
     v.set_defaults(func=_checkpoint_verify)
 
-    p = sub.add_parser("convert", help="convert a Hugging Face checkpoint to a longboat export, or back")
-    p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf"])
-    p.add_argument("source", help="HF directory (hf-to-longboat); export, run dir or checkpoint (longboat-to-hf)")
+    p = sub.add_parser("convert", help="convert a Hugging Face (transformers or diffusers) checkpoint to a longboat "
+                                       "export, or back")
+    p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf", "diffusers-to-longboat",
+                                         "longboat-to-diffusers"])
+    p.add_argument("source", help="HF directory, or a diffusers model's (its transformer/ folder) (...-to-longboat); "
+                                  "export, run dir or checkpoint (longboat-to-...)")
     p.add_argument("output", help="directory to write")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weight dtype to write (default: keep the source's)")

@@ -1,0 +1,36 @@
+"""Diffusion networks over images, latents and video; importing this package registers the "dit" and "wan"
+architectures."""
+
+from longboat.models.diffusion.diffusers_interop import DiffusersInterop
+from longboat.models.diffusion.dit import DiT, DiTConfig
+from longboat.models.diffusion.dit_diffusers import DIT_FORMAT
+from longboat.models.diffusion.wan import Wan, WanConfig
+from longboat.models.diffusion.wan_diffusers import WAN_FORMAT
+from longboat.models.registry import ModelSpec, register_model
+
+
+def _tensor_parallel_plan(cfg: DiTConfig, tp: int) -> dict:
+    # DTensor's parallel styles load on first use: a run without tp > 1 never pays for them.
+    from longboat.models.diffusion.parallel_plan import tensor_parallel_plan
+
+    return tensor_parallel_plan(cfg, tp)
+
+
+DIT_SPEC = register_model(ModelSpec(
+    name="dit",
+    config=DiTConfig,
+    module=DiT,
+    presets="longboat.models.diffusion",
+    parallel_units=("blocks",),
+    tensor_parallel=_tensor_parallel_plan,
+    hf=DiffusersInterop(DIT_FORMAT),
+))
+WAN_SPEC = register_model(ModelSpec(
+    name="wan",
+    config=WanConfig,
+    module=Wan,
+    parallel_units=("blocks",),
+    hf=DiffusersInterop(WAN_FORMAT),
+))
+
+__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "WAN_SPEC", "Wan", "WanConfig"]
