@@ -148,6 +148,7 @@ class ResumableLoader:
         loader = DataLoader(
             self.dataset,
             batch_sampler=sampler,
+            collate_fn=getattr(self.dataset, "collate", None),  # a dataset's own, e.g. rows with their images
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=False,

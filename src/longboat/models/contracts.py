@@ -1,6 +1,7 @@
 """What the engine asks of a model beyond ``forward``, declared by its ``ModelSpec.hooks``: the auxiliary losses of
 the last forward, a hook after each optimizer step, which modules are expert sets and how they are sharded, extra
-inputs from the batch; and the language-model contract the LM tasks require of a model's config."""
+inputs from the batch; the language-model contract the LM tasks require of a model's config, and what a model that reads
+images among its tokens offers the data (``image_reader``)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,14 @@ LANGUAGE_MODEL_FIELDS = {
     "max_seq_len": "the context length (data.seq_len must not exceed it)",
     "flops_per_token": "flops_per_token(seq_len): training FLOPs per token",
 }
+
+
+def image_reader(cfg: Any) -> tuple[int, Any] | None:
+    """``(image_token_id, image processor)`` of a model config that reads images among its tokens (its
+    ``image_processor()`` is a ``data.images.processors.ImageProcessor``); None for a text-only model."""
+    if not callable(getattr(cfg, "image_processor", None)) or not isinstance(getattr(cfg, "image_token_id", None), int):
+        return None
+    return cfg.image_token_id, cfg.image_processor()
 
 
 def require_language_model(cfg: Any, task: str) -> Any:
