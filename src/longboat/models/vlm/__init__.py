@@ -4,6 +4,7 @@ from longboat.models.contracts import ModelHooks
 from longboat.models.llm import DECODER
 from longboat.models.moe.contract import MOE_EXPERTS
 from longboat.models.registry import ModelSpec, register_model
+from longboat.models.vlm.hf import VLMHF
 from longboat.models.vlm.config import ProjectorConfig, QwenTower, VLMConfig, ViTTower
 from longboat.models.vlm.model import VLM
 
@@ -34,6 +35,7 @@ VLM_SPEC = register_model(ModelSpec(
     module=VLM,
     parallel_units=("vision.blocks", "language.layers"),
     tensor_parallel=_tensor_parallel_plan,
+    hf=VLMHF(),
     hooks=ModelHooks(aux=_aux, after_optimizer_step=_after_optimizer_step, experts=MOE_EXPERTS,
                      model_inputs=_model_inputs),
 ))
