@@ -50,6 +50,10 @@ def loss_and_grads(model, data, batch_size: int = 4):
 
 def test_packed_rows_equal_one_sample_per_row(tmp_path, one_thread):
     resolved, packed = build(tmp_path, "data.packing=true")
+    share = (packed.train.tokens == resolved.model.image_token_id).mean()
+    assert 0.3 < share < 0.7  # 16 image tokens of about 30 a sample
+    assert resolved.task.flops_per_unit(resolved.model) == pytest.approx(
+        resolved.model.language.flops_per_token(128) + share * resolved.model.flops_per_image_token())
     _, padded = build(tmp_path, "data.packing=false")
     assert len(packed.train) < len(padded.train)
     torch.manual_seed(0)

@@ -59,12 +59,23 @@ LANGUAGE_MODEL_FIELDS = {
 }
 
 
-def image_reader(cfg: Any) -> tuple[int, Any] | None:
-    """``(image_token_id, image processor)`` of a model config that reads images among its tokens (its
-    ``image_processor()`` is a ``data.images.processors.ImageProcessor``); None for a text-only model."""
+@dataclass(frozen=True)
+class ImageReader:
+    """What a model that reads images among its tokens tells the data: the token id its images' placeholders carry,
+    the preprocessing (a ``data.images.processors.ImageProcessor``: tokens per image, pixels), and the training FLOPs
+    an image token costs beyond a text token (the tower and projector)."""
+
+    image_token_id: int
+    processor: Any
+    flops_per_image_token: int
+
+
+def image_reader(cfg: Any) -> ImageReader | None:
+    """The ``ImageReader`` of a model config with ``image_token_id``, ``image_processor()`` and
+    ``flops_per_image_token()``; None for a text-only model."""
     if not callable(getattr(cfg, "image_processor", None)) or not isinstance(getattr(cfg, "image_token_id", None), int):
         return None
-    return cfg.image_token_id, cfg.image_processor()
+    return ImageReader(cfg.image_token_id, cfg.image_processor(), cfg.flops_per_image_token())
 
 
 def require_language_model(cfg: Any, task: str) -> Any:

@@ -92,6 +92,7 @@ class SFT(Task):
     def __init__(self, data: SFTDataConfig):
         super().__init__(data)
         self._fingerprint: torch.Tensor | None = None  # of the training rows, kept in checkpoints
+        self._image_flops = 0.0  # per token, from the share of image tokens in the training rows
 
     def check(self, model_cfg) -> None:
         data: SFTDataConfig = self.data
@@ -100,9 +101,10 @@ class SFT(Task):
             raise ConfigError(f"data.tokenizer: {data.tokenizer} names neither a pad nor an eos token to pad rows with")
         resolve_chat_template(tokenizer, data.chat_template)
         images = image_reader(model_cfg)
-        if images is not None and tokenizer.encode(data.image_token) != [images[0]]:
+        if images is not None and tokenizer.encode(data.image_token) != [images.image_token_id]:
             raise ConfigError(f"data.image_token: {data.image_token!r} is not the single token model.image_token_id="
-                              f"{images[0]} in {data.tokenizer} (it encodes to {tokenizer.encode(data.image_token)})")
+                              f"{images.image_token_id} in {data.tokenizer} (it encodes to "
+                              f"{tokenizer.encode(data.image_token)})")
         for key, sources in (("sources", data.sources), ("valid_sources", data.valid_sources)):
             for i, s in enumerate(sources):
                 try:
@@ -119,18 +121,18 @@ class SFT(Task):
         valid: list[Sample] = []
         counts: Counter = Counter()  # over each source's conversations once, before weighting
         encoding_s, n_conversations = 0.0, 0
-        images = image_reader(model_cfg)  # (image token id, processor) of a model that reads images
+        images = image_reader(model_cfg)  # None for a model that reads no images
         for k, source in enumerate(data.sources + data.valid_sources):
             if images is None:
                 conversations, report = read_conversations(source.path, source.format, source.split)
             else:
-                conversations, report = read_image_conversations(source.path, images[1], data.image_token,
+                conversations, report = read_image_conversations(source.path, images.processor, data.image_token,
                                                                  source.format, source.split)
             check_malformed(report, data.max_malformed_fraction)
             started = time.perf_counter()
             encoded, stats = supervisor.encode(conversations, source.path)
             if images is not None:
-                encoded = [[expand_images(s, c.images, images[0]) for s in samples]
+                encoded = [[expand_images(s, c.images, images.image_token_id) for s in samples]
                            for c, samples in zip(conversations, encoded)]
             encoding_s += time.perf_counter() - started
             n_conversations += len(conversations)
@@ -158,7 +160,7 @@ class SFT(Task):
                               f"{counts['no supervised token']} with no supervised token)")
         layout = pack if data.packing else pad
         if images is not None:
-            layout = functools.partial(image_rows, processor=images[1], packing=data.packing)
+            layout = functools.partial(image_rows, processor=images.processor, packing=data.packing)
         pad_id = _pad_id(tokenizer)
         train_rows = layout(train, data.seq_len, pad_id)
         valid_rows = layout(valid, data.seq_len, pad_id) if valid else None
@@ -166,6 +168,9 @@ class SFT(Task):
             raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
                               f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
         self._fingerprint = _fingerprint(train_rows)
+        if images is not None:  # what the tower adds to a token's FLOPs, on average over the training tokens
+            share = float((train_rows.tokens == images.image_token_id).mean())
+            self._image_flops = share * images.flops_per_image_token
         summary = {"train_samples": len(train), "train_rows": len(train_rows),
                    "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
                    "valid_rows": len(valid_rows) if valid_rows is not None else 0,
@@ -207,7 +212,7 @@ class SFT(Task):
                           "checkpoint's position in the new rows")
 
     def flops_per_unit(self, model_cfg) -> float | None:
-        return float(require_language_model(model_cfg, "sft").flops_per_token(self.data.seq_len))
+        return float(require_language_model(model_cfg, "sft").flops_per_token(self.data.seq_len)) + self._image_flops
 
     def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **metrics}

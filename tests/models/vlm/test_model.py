@@ -129,7 +129,10 @@ def test_spec_parts():
     moe(torch.randint(6, 64, (1, 8)))
     assert spec.hooks.aux(moe)["loss"].ndim == 0
     assert cfg.vocab_size == 64 and cfg.max_seq_len == 64
-    assert cfg.flops_per_token(32) > cfg.language.flops_per_token(32)
+    assert cfg.flops_per_token(32) == cfg.language.flops_per_token(32)
+    # mlp projector: one patch a token, 6·params through the tower and projector, attention over 16 patches
+    params = sum(p.numel() for m in (model.vision, model.projector) for p in m.parameters())
+    assert cfg.flops_per_image_token() == 6 * params + 12 * cfg.vision.n_layers * cfg.vision.d_model * 16
 
 
 @pytest.mark.parametrize("change, message", [

@@ -162,11 +162,14 @@ class VLMConfig(StrictModel):
                                             max_pixels=v.max_pixels))
 
     def flops_per_token(self, seq_len: int) -> int:
-        """The decoder's training FLOPs per token plus the tower's and projector's per image token (``6·params``
-        per patch for its blocks, the attention over an image's or window's patches, ``merge²`` patches a token)."""
-        return self.language.flops_per_token(seq_len) + self.image_token_flops()
+        """The decoder's training FLOPs per token, which every token costs (an image token adds
+        ``flops_per_image_token``)."""
+        return self.language.flops_per_token(seq_len)
 
-    def image_token_flops(self) -> int:
+    def flops_per_image_token(self) -> int:
+        """The tower's and projector's training FLOPs per image token: ``6·params`` per patch for the tower's blocks
+        and the attention over an image's (or a window's) patches, ``merge²`` patches a token, and ``6·params`` of
+        the merger and projector."""
         from longboat.models.vlm.model import Projector, build_tower
 
         with torch.device("meta"):
