@@ -52,6 +52,7 @@ def test_features_land_at_their_placeholders_only():
 
 
 def test_qwen_tower_composes():
+    assert vlm_config({k: v for k, v in QWEN.items() if k != "out_dim"}, {"kind": "identity"}).vision.out_dim == 32
     model = build(QWEN)
     grid = torch.tensor([[1, 4, 4], [1, 4, 8]])  # 4 and 8 merged tokens
     tokens, slots = tokens_with_images(runs=((0, 1, 4), (1, 3, 8)))
@@ -81,11 +82,22 @@ def test_no_image_is_the_decoder_alone_and_still_reaches_the_tower():
     positions[:, 10:] -= 10
     alone = Decoder(model.cfg.language)
     alone.load_state_dict(model.language.state_dict())
-    out = model(tokens, positions, segments)
+    out = model(tokens, positions, segments=segments)
     assert torch.equal(out, alone(tokens, positions, segments=segments))
     out.sum().backward()
     for name, p in [*model.vision.named_parameters(), *model.projector.named_parameters()]:
         assert p.grad is not None and not p.grad.any(), name  # every rank computes them, as zeros
+
+
+def test_text_generation_is_the_decoders():
+    from longboat.models.llm.generation import generate
+
+    model = build().eval()
+    alone = Decoder(model.cfg.language).eval()
+    alone.load_state_dict(model.language.state_dict())
+    prompt = torch.randint(IMAGE_TOKEN + 1, 64, (2, 5))
+    ours = generate(model, prompt, 6, temperature=0.0)
+    assert ours.shape == (2, 11) and torch.equal(ours, generate(alone, prompt, 6, temperature=0.0))
 
 
 def test_tiny_vlm_trains():

@@ -83,8 +83,8 @@ class VLMConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _compose(cls, data):
-        """``language``'s arch and preset resolved to the decoder's fields, the Qwen tower's ``out_dim`` defaulted to
-        what the projector reads."""
+        """``language``'s arch and preset resolved to the decoder's fields; the Qwen tower's ``out_dim`` defaults to
+        the decoder's ``d_model``."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -102,11 +102,9 @@ class VLMConfig(StrictModel):
                 language = deep_merge(get_model(arch).load_preset(preset), language)
             data["language"] = language
         vision = data.get("vision")
-        if isinstance(vision, dict) and vision.get("arch") == "qwen2_5_vl_vision" and "out_dim" not in vision:
-            projector = data.get("projector") or {}
-            if isinstance(projector, dict) and projector.get("kind") == "identity" and isinstance(language, dict):
-                vision = {**vision, "out_dim": language.get("d_model")}
-                data["vision"] = vision
+        if isinstance(vision, dict) and vision.get("arch") == "qwen2_5_vl_vision" and "out_dim" not in vision \
+                and isinstance(language, dict) and "d_model" in language:
+            data["vision"] = {**vision, "out_dim": language["d_model"]}  # its merger outputs the decoder's width
         return data
 
     @model_validator(mode="after")

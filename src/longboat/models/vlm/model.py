@@ -65,7 +65,8 @@ class Projector(nn.Module):
 
 
 class VLM(nn.Module):
-    """``model(tokens, positions, segments, images, image_slots, image_grid)`` -> next-token logits [B, T, vocab].
+    """``model(tokens, positions, cache, segments, images, image_slots, image_grid)`` -> next-token logits
+    [B, T, vocab].
 
     ``images``: the batch's pixels as the preprocessing gives them, images in slot order (ViT: [images, C, H, W];
     Qwen: patch rows [patches, C·T·P·P] with ``image_grid`` [images, 3]).
@@ -105,25 +106,33 @@ class VLM(nn.Module):
         m = v.merge_size
         return torch.zeros(m * m, v.patch_dim, device=device), torch.tensor([[1, m, m]], device=device)
 
+    def make_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None,
+                   device: torch.device | None = None):
+        """The decoder's KV cache (``longboat generate`` decodes text with it)."""
+        return self.language.make_cache(batch, max_len, dtype, device)
+
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, segments: torch.Tensor | None = None,
-        images: torch.Tensor | None = None, image_slots: torch.Tensor | None = None,
-        image_grid: torch.Tensor | None = None,
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
+        segments: torch.Tensor | None = None, images: torch.Tensor | None = None,
+        image_slots: torch.Tensor | None = None, image_grid: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Arguments in the decoder's order (``cache``: a KV cache for decoding, from ``make_cache``), then the
+        batch's images."""
         embeds = self.language.tok_embeddings(tokens)
         placeholders = tokens == self.cfg.image_token_id
         n_images = 0 if images is None else (len(image_grid) if image_grid is not None else len(images))
         if n_images == 0:
             if placeholders.any():
                 raise ValueError(f"the tokens hold {int(placeholders.sum())} image tokens but the batch has no image")
-            blank = self.image_features(*self._blank(embeds.device))
-            embeds = embeds + 0 * blank.sum()
+            if cache is None:  # decoding with a cache runs on one process: no rank to keep in step
+                blank = self.image_features(*self._blank(embeds.device))
+                embeds = embeds + 0 * blank.sum()
         else:
             features = self.image_features(images, image_grid)
             embeds = self._scatter(embeds, placeholders, features, image_slots, self._counts(n_images, image_grid))
-        if positions is None:  # explicit, so that a decoder given a sequence shard (tensor parallel) rotates right
+        if positions is None and cache is None:  # explicit, so that a sequence shard (tensor parallel) rotates right
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
-        return self.language(embeds, positions, None, segments)
+        return self.language(embeds, positions, cache, segments)
 
     def _counts(self, n_images: int, image_grid: torch.Tensor | None) -> torch.Tensor:
         """Image tokens of each image."""
