@@ -66,6 +66,19 @@ def test_packed_rows_equal_one_sample_per_row(tmp_path, one_thread):
     assert grads_p["vision.blocks.0.attn.qkv.weight"].abs().sum() > 0  # the tower learns from the answers
 
 
+def test_qwen_tower_rows_carry_their_grids(tmp_path):
+    qwen = ('model.vision={arch: qwen2_5_vl_vision, d_model: 32, n_layers: 2, n_heads: 2, ffn_dim: 64, patch_size: 4, '
+            'window_size: 16, full_attention_layers: [1], min_pixels: 256, max_pixels: 4096}')
+    resolved, data = build(tmp_path, qwen, "model.projector={kind: mlp}")
+    batch = ImageChatRows.collate([data.train[r] for r in range(4)])
+    grid = batch["image_grid"]
+    assert grid.tolist() == [[1, 8, 8]] * len(grid)  # 32 pixels a side in 4-pixel patches: 16 tokens an image
+    assert len(batch["images"]) == 64 * len(grid) and (batch["tokens"] == 3).sum() == 16 * len(grid)
+    torch.manual_seed(0)
+    out = data.loss_fn(resolved.spec.build(resolved.model), batch)
+    assert torch.isfinite(out.loss_sum) and out.count > 0
+
+
 def test_truncation_drops_a_sample_rather_than_cut_an_image(tmp_path):
     shutil.copytree(FIXTURE / "images", tmp_path / "images")
     images = (FIXTURE / "shapes.jsonl").read_text().splitlines()[:10]

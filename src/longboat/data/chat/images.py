@@ -2,7 +2,8 @@
 rows of samples that carry their images' pixels and slots.
 
 Two row forms hold images. OpenAI-style ``messages`` whose content is a list of parts, ``{"type": "text", "text":
-...}`` and ``{"type": "image", "image": path}``; and rows (ShareGPT/LLaVA ``conversations``, or ``messages``) whose
+...}`` and ``{"type": "image", "image": path}`` (or ``{"type": "image_url", "image_url": {"url": path}}``, a local
+path or ``file://`` URL); and rows (ShareGPT/LLaVA ``conversations``, or ``messages``) whose
 text holds placeholders (``<image>`` by default) with the images listed in ``images`` (or a LLaVA ``image``). Paths
 are relative to the data file. Image parts become placeholders in the text, so the chat template renders plain
 strings; the placeholder must be one token of the tokenizer, the model's ``image_token_id``. After tokenization each
@@ -96,9 +97,17 @@ def _flatten_parts(message: dict, placeholder: str, paths: list[str]) -> dict:
         elif kind == "image" and isinstance(part.get("image"), str):
             text.append(placeholder)
             paths.append(part["image"])
+        elif kind == "image_url" and isinstance(url := _url(part.get("image_url")), str) and not \
+                url.startswith(("data:", "http:", "https:")):  # a local file; inline and remote images are not read
+            text.append(placeholder)
+            paths.append(url.removeprefix("file://"))
         else:
             raise Malformed("unknown content part", repr(part)[:100])
     return {**message, "content": "".join(text)}
+
+
+def _url(value: Any) -> Any:
+    return value.get("url") if isinstance(value, dict) else value
 
 
 def _image_ref(path: Path, processor: ImageProcessor) -> ImageRef:
