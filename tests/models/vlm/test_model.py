@@ -71,6 +71,9 @@ def test_count_mismatch_is_a_clear_error():
     tokens, _ = tokens_with_images(runs=((0, 2, 16),))
     with pytest.raises(ValueError, match="image_slots do not point"):
         model(tokens, images=torch.zeros(1, 3, 16, 16), image_slots=torch.tensor([[0, 3]]))
+    tokens, _ = tokens_with_images(runs=((0, 2, 16), (1, 2, 16)))
+    with pytest.raises(ValueError, match="image_slots do not point"):
+        model(tokens, images=torch.zeros(2, 3, 16, 16), image_slots=torch.tensor([[0, 2], [0, 2]]))
 
 
 def test_no_image_is_the_decoder_alone_and_still_reaches_the_tower():

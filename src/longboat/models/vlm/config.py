@@ -7,8 +7,11 @@ from typing import Annotated, Literal, Union
 import torch
 from pydantic import Field, model_validator
 
-from longboat.config.base import StrictModel
+from longboat.config.base import StrictModel, deep_merge
+from longboat.data.images.processors import QwenImages, SquareImages
+from longboat.data.images.qwen_vl import QwenVLImageConfig
 from longboat.models.llm.config import DecoderConfig
+from longboat.models.registry import get_model
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionConfig
 from longboat.models.vision.vit import ViTConfig
 
@@ -96,9 +99,6 @@ class VLMConfig(StrictModel):
                 raise ValueError(f"language.arch {arch!r} cannot read image features; known: "
                                  f"{', '.join(LANGUAGE_ARCHS)}")
             if preset is not None:
-                from longboat.config.base import deep_merge
-                from longboat.models.registry import get_model
-
                 language = deep_merge(get_model(arch).load_preset(preset), language)
             data["language"] = language
         vision = data.get("vision")
@@ -149,12 +149,7 @@ class VLMConfig(StrictModel):
         """The preprocessing the tower reads its images with (``data/images``)."""
         v = self.vision
         if v.arch == "vit":
-            from longboat.data.images.processors import SquareImages
-
             return SquareImages(v.image_size, v.patch_size, self.merge_size, v.image_mean, v.image_std)
-        from longboat.data.images.processors import QwenImages
-        from longboat.data.images.qwen_vl import QwenVLImageConfig
-
         return QwenImages(QwenVLImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
                                             merge_size=v.merge_size, min_pixels=v.min_pixels,
                                             max_pixels=v.max_pixels))

@@ -158,6 +158,7 @@ class VLM(nn.Module):
             starts = image_slots[:, 0] * T + image_slots[:, 1]
             index = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts) + torch.arange(
                 len(features), device=embeds.device)
-            if int(index.max()) >= B * T or not bool(placeholders.flatten()[index].all()):
+            if int(index.max()) >= B * T or not bool(placeholders.flatten()[index].all()) \
+                    or index.unique().numel() != len(index):  # two images on one run would leave another empty
                 raise ValueError("image_slots do not point at runs of image tokens as long as their images")
         return flat.index_put((index,), features.to(flat.dtype)).view(B, T, D)
