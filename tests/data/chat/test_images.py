@@ -79,18 +79,19 @@ def test_malformed_rows_are_counted_with_their_row_numbers(tmp_path):
             {"messages": [{"role": "user", "content": [
                 {"type": "text", "text": "Look: "},
                 {"type": "image_url", "image_url": {"url": f"file://{tmp_path}/images/000_yellow_square.png"}}]},
-                {"role": "assistant", "content": "yellow"}]}]
+                {"role": "assistant", "content": "yellow"}]},
+            {"instruction": "<image> Which colour?", "output": "red", "images": good["images"]}]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     conversations, report = read_image_conversations(path, SQUARE)
-    assert [c.row for c in conversations] == [1, 6, 7]
+    assert [c.row for c in conversations] == [1, 6, 7, 8]
     assert conversations[2].images[0].path == str(tmp_path / "images" / "000_yellow_square.png")
     assert conversations[2].messages[0]["content"] == "Look: <image>"
     assert conversations[0].images[0].path == str(tmp_path / good["images"][0])  # relative to the data file
     assert report.examples == {"image count mismatch": [2], "missing image": [3], "unreadable image": [4],
                                "unknown content part": [5]}
-    with pytest.raises(ChatDataError, match=r"4 of 7 rows are malformed.*image count mismatch × 1 \(rows 2\)"):
-        check_malformed(report, 0.5)
+    with pytest.raises(ChatDataError, match=r"4 of 8 rows are malformed.*image count mismatch × 1 \(rows 2\)"):
+        check_malformed(report, 0.4)
 
 
 def test_truncation_never_cuts_through_an_image():

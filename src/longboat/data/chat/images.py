@@ -77,8 +77,9 @@ def _images_of(raw: Any, placeholder: str, base: Path, processor: ImageProcessor
         if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
             raise Malformed("image count mismatch", "images must be a list of paths")
         paths = listed
-    texts = [m.get("content") if "messages" in row else m.get("value")
-             for m in row.get("messages") or row.get("conversations") or [] if isinstance(m, dict)]
+    turns = row.get("messages") if "messages" in row else row.get("conversations")
+    texts = [m.get("content", m.get("value")) for m in turns if isinstance(m, dict)] if isinstance(turns, list) \
+        else [row.get(k) for k in ("instruction", "input", "output", "system")]  # alpaca
     n = sum(t.count(placeholder) for t in texts if isinstance(t, str))
     if n != len(paths):
         raise Malformed("image count mismatch", f"{n} placeholders {placeholder!r}, {len(paths)} images")
