@@ -79,7 +79,7 @@ def test_malformed_rows_are_counted_with_their_row_numbers(tmp_path):
             {"messages": [{"role": "user", "content": [
                 {"type": "text", "text": "Look: "},
                 {"type": "image_url", "image_url": {"url": f"file://{tmp_path}/images/000_yellow_square.png"}}]},
-                {"role": "assistant", "content": "yellow"}]},
+                {"role": "assistant", "content": "yellow"}], "images": []},
             {"instruction": "<image> Which colour?", "output": "red", "images": good["images"]}]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

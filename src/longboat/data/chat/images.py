@@ -69,8 +69,8 @@ def _images_of(raw: Any, placeholder: str, base: Path, processor: ImageProcessor
     if isinstance(row.get("messages"), list):
         row["messages"] = [_flatten_parts(m, placeholder, paths) if isinstance(m, dict) else m
                            for m in row["messages"]]
-    listed = row.get("images", row.get("image"))
-    if listed is not None:
+    listed = row.get("images") or row.get("image")  # a columnar file gives a row without images null or []
+    if listed:
         if paths:
             raise Malformed("image count mismatch", "images given both as content parts and as a list")
         listed = [listed] if isinstance(listed, str) else listed
