@@ -1,6 +1,7 @@
 """What the engine asks of a model beyond ``forward``, declared by its ``ModelSpec.hooks``: the auxiliary losses of
 the last forward, a hook after each optimizer step, which modules are expert sets and how they are sharded, extra
-inputs from the batch; and the language-model contract the LM tasks require of a model's config."""
+inputs from the batch; the language-model contract the LM tasks require of a model's config, and what a model that reads
+images among its tokens offers the data (``image_reader``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,25 @@ LANGUAGE_MODEL_FIELDS = {
     "max_seq_len": "the context length (data.seq_len must not exceed it)",
     "flops_per_token": "flops_per_token(seq_len): training FLOPs per token",
 }
+
+
+@dataclass(frozen=True)
+class ImageReader:
+    """What a model that reads images among its tokens tells the data: the token id its images' placeholders carry,
+    the preprocessing (a ``data.images.processors.ImageProcessor``: tokens per image, pixels), and the training FLOPs
+    an image token costs beyond a text token (the tower and projector)."""
+
+    image_token_id: int
+    processor: Any
+    flops_per_image_token: int
+
+
+def image_reader(cfg: Any) -> ImageReader | None:
+    """The ``ImageReader`` of a model config with ``image_token_id``, ``image_processor()`` and
+    ``flops_per_image_token()``; None for a text-only model."""
+    if not callable(getattr(cfg, "image_processor", None)) or not isinstance(getattr(cfg, "image_token_id", None), int):
+        return None
+    return ImageReader(cfg.image_token_id, cfg.image_processor(), cfg.flops_per_image_token())
 
 
 def require_language_model(cfg: Any, task: str) -> Any:
