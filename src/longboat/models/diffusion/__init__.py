@@ -1,9 +1,11 @@
-"""Diffusion networks over images, latents and video; importing this package registers the "dit" and "wan"
-architectures."""
+"""Diffusion networks over images, latents and video; importing this package registers the "dit", "wan"
+and "autoencoder_kl" architectures."""
 
 from longboat.models.diffusion.diffusers_interop import DiffusersInterop
 from longboat.models.diffusion.dit import DiT, DiTConfig
 from longboat.models.diffusion.dit_diffusers import DIT_FORMAT
+from longboat.models.diffusion.vae import AutoencoderKL, VAEConfig
+from longboat.models.diffusion.vae_diffusers import VAE_FORMAT
 from longboat.models.diffusion.wan import Wan, WanConfig
 from longboat.models.diffusion.wan_diffusers import WAN_FORMAT
 from longboat.models.registry import ModelSpec, register_model
@@ -32,5 +34,12 @@ WAN_SPEC = register_model(ModelSpec(
     parallel_units=("blocks",),
     hf=DiffusersInterop(WAN_FORMAT),
 ))
+VAE_SPEC = register_model(ModelSpec(
+    name="autoencoder_kl",
+    config=VAEConfig,
+    module=AutoencoderKL,
+    parallel_units=("encoder.down", "encoder.mid", "decoder.mid", "decoder.up"),
+    hf=DiffusersInterop(VAE_FORMAT),
+))
 
-__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "WAN_SPEC", "Wan", "WanConfig"]
+__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "VAE_SPEC", "AutoencoderKL", "VAEConfig", "WAN_SPEC", "Wan", "WanConfig"]
