@@ -101,6 +101,7 @@ def test_what_cannot_be_represented_is_named():
     with pytest.raises(HFConversionError, match="option 'norm_type' is not one"):
         config_from_diffusers({**config, "norm_type": "spatial"})
     cfg = VAEConfig(**config_from_diffusers(config))
+    assert VAEConfig(**config_from_diffusers({**config, "act_fn": "swish"})) == cfg  # diffusers' alias of SiLU
     with pytest.raises(HFConversionError, match="weight encoder.extra.weight has no counterpart"):
         state_dict_from_diffusers({"encoder.extra.weight": torch.zeros(1)}, cfg)
 

@@ -73,6 +73,7 @@ def config_from_diffusers(d: dict, source: str = "config.json") -> dict:
     if unknown:
         raise HFConversionError(f"{source}: diffusers option {unknown[0]!r} is not one longboat's AutoencoderKL "
                                 "represents")
+    d = {**d, "act_fn": "silu"} if d.get("act_fn") == "swish" else d  # diffusers' other name for SiLU
     for key, value in _REQUIRED.items():
         if d.get(key, value) != value:
             raise HFConversionError(f"{source}: {key}={d[key]!r} is not supported; longboat's AutoencoderKL has "
