@@ -83,13 +83,17 @@ def _generate(args: argparse.Namespace) -> int:
     from longboat.recipes.generate import generate_chat, generate_text, load_for_inference, parse_messages
 
     messages = parse_messages(args.messages) if args.messages is not None else None
-    if args.chat and messages is None:
-        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
-        messages.append({"role": "user", "content": args.prompt})
+    images = args.images or []
     _load_plugins(args)
     loaded = load_for_inference(args.model)
+    if args.chat and messages is None:
+        from longboat.recipes.generate import attach_images
+
+        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+        prompt = attach_images(loaded, args.prompt, len(images), "--prompt") if images else args.prompt
+        messages.append({"role": "user", "content": prompt})
     for i in range(args.num_samples):
-        sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i)
+        sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i, images)
         if messages is not None:
             text, rate = generate_chat(loaded, messages, *sampling)
             print(text)
@@ -275,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--messages", default=None, metavar="FILE_OR_JSON",
                    help='the conversation as a JSON list ([{"role": "user", "content": "..."}]) or a file holding '
                         'it; implies --chat')
+    p.add_argument("--image", dest="images", action="append", default=None, metavar="PATH",
+                   help="an image for a model that reads images (repeatable): they fill the prompt's image "
+                        "placeholders in order, or come before its text when it holds none")
     _add_sampling(p, max_new_tokens=128)
     p.add_argument("--num-samples", type=int, default=1, help="at least 1")
     _add_plugins(p)

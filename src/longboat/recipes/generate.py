@@ -18,6 +18,8 @@ from longboat.data.chat import ChatTemplate, ChatTemplateError
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
+from longboat.recipes.image_prompts import ImageInputs, expand_prompt, image_inputs_of, read_images, require_images, \
+    to_device, with_placeholders
 from longboat.recipes.sampling import check_sampling
 from longboat.utils.json_files import JSONTextError, loads, read_json_object
 
@@ -36,6 +38,7 @@ class LoadedModel:
     end_of_turn_id: int | None = None
     generation_config: dict = field(default_factory=dict)
     chat_template_error: str | None = None  # why a template the tokenizer ships cannot be used
+    images: ImageInputs | None = None  # a model that reads images: its reader and placeholder
 
     def require_chat_template(self) -> ChatTemplate:
         if self.chat_template_error is not None:
@@ -67,7 +70,7 @@ def load_for_inference(path: str | Path) -> LoadedModel:
     eos = gen_config.get("eos_token_id")
     stops = {tok.eos_id, end_of_turn, *(eos if isinstance(eos, list) else [eos])} - {None}
     return LoadedModel(artifact.model, tok, artifact.source, frozenset(stops), template, end_of_turn, gen_config,
-                       template_error)
+                       template_error, image_inputs_of(artifact.model, tok))
 
 
 def read_generation_config(path: Path) -> dict:
@@ -127,13 +130,22 @@ def generate_text(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
+    images: Sequence[str | Path] = (),
 ) -> tuple[str, float]:
-    """The completion of ``prompt`` and the decode rate in tokens/s."""
+    """The completion of ``prompt`` and the decode rate in tokens/s; ``images`` (files) fill the prompt's
+    placeholders, or come before its text when it holds none."""
     tok = loaded.tokenizer
+    if images:
+        prompt = attach_images(loaded, prompt, len(images), "--prompt")
     ids = tok.encode(prompt) if prompt else []
     if not ids:
         ids = [tok.bos_id if tok.bos_id is not None else tok.eos_id]
-    return complete(loaded, ids, max_new_tokens, temperature, top_k, top_p, seed)
+    return complete(loaded, ids, max_new_tokens, temperature, top_k, top_p, seed, images)
+
+
+def attach_images(loaded: LoadedModel, text: str, n_images: int, where: str) -> str:
+    """``text`` with a placeholder for each of ``n_images`` images (the model's; an error for a text-only model)."""
+    return with_placeholders(text, n_images, require_images(loaded).placeholder, where)
 
 
 def generate_chat(
@@ -144,9 +156,11 @@ def generate_chat(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
+    images: Sequence[str | Path] = (),
 ) -> tuple[str, float]:
-    """The assistant's reply to ``messages`` (rendered with the model's chat template) and the decode rate."""
-    return complete(loaded, loaded.render_chat(messages), max_new_tokens, temperature, top_k, top_p, seed)
+    """The assistant's reply to ``messages`` (rendered with the model's chat template) and the decode rate;
+    ``images`` (files) fill the messages' placeholders in order."""
+    return complete(loaded, loaded.render_chat(messages), max_new_tokens, temperature, top_k, top_p, seed, images)
 
 
 def complete(
@@ -157,18 +171,29 @@ def complete(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
+    images: Sequence[str | Path] = (),
 ) -> tuple[str, float]:
-    """The text that follows token ids ``ids``, up to the first stop id, and the decode rate in tokens/s."""
+    """The text that follows token ids ``ids``, up to the first stop id, and the decode rate in tokens/s.
+
+    ``images`` (files) take the places of the image tokens of ``ids``, expanded as in training; their pixels enter
+    the prefill step.
+    """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    inputs = None
+    if images or (loaded.images is not None and loaded.images.reader.image_token_id in ids):
+        prompt = expand_prompt(loaded, ids, read_images(loaded, images))
+        ids, inputs = prompt.ids, prompt.inputs
     max_len = loaded.model.cfg.max_seq_len
     if len(ids) + max_new_tokens > max_len:
         raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                           f"max_seq_len {max_len}")
-    prompt_t = torch.tensor([ids], dtype=torch.long)
+    device = next(loaded.model.parameters()).device
+    prompt_t = torch.tensor([ids], dtype=torch.long, device=device)
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     out = generate(loaded.model, prompt_t, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   stop_ids=loaded.stop_ids, generator=gen)
+                   stop_ids=loaded.stop_ids, generator=gen,
+                   inputs=None if inputs is None else to_device(inputs, device))
     elapsed = time.perf_counter() - start
     new = until_stop(out[0, len(ids):].tolist(), loaded.stop_ids)
     return loaded.tokenizer.decode(new), len(new) / max(elapsed, 1e-9)
