@@ -288,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_generate)
 
     p = sub.add_parser("chat", help="talk with a model in the terminal (or through piped stdin)",
-                       description="Talk with a model. Commands: /reset (start over), /system TEXT (replace the "
+                       description="Talk with a model. Commands: /image PATH (attach an image to the next message), "
+                                   "/reset (start over), /system TEXT (replace the "
                                    "system message), /exit (or Ctrl-D, Ctrl-C).")
     p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
     p.add_argument("--system", default=None, help="system message")

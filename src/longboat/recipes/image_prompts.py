@@ -86,36 +86,32 @@ def read_images(loaded: LoadedModel, paths: Sequence[str | Path], where: str = "
     return refs
 
 
-def expand_prompt(loaded: LoadedModel, ids: Sequence[int], images: Sequence[ImageRef], where: str = "prompt"
-                  ) -> ImagePrompt:
-    """``ids`` with each placeholder token repeated to its image's tokens, and the images' pixels and slots."""
+def expand_ids(loaded: LoadedModel, ids: Sequence[int], images: Sequence[ImageRef], where: str = "prompt"
+               ) -> Sample:
+    """``ids`` with each placeholder token repeated to its image's tokens; its ``images`` carry their offsets."""
     found = require_images(loaded)
     token = found.reader.image_token_id
     n = sum(1 for t in ids if t == token)
     if n != len(images):
         raise ConfigError(f"{where}: {n} image tokens {found.placeholder!r} for {len(images)} images")
     tokens = np.asarray(ids, dtype=np.int64)
-    sample = expand_images(Sample(tokens, np.full_like(tokens, IGNORE_INDEX)), images, token)
-    inputs = dict(found.reader.processor([r.path for r in sample.images]) if images else
-                  found.reader.processor.empty())
-    inputs["image_slots"] = torch.tensor([(0, r.offset) for r in sample.images], dtype=torch.int64).view(-1, 2)
-    return ImagePrompt([int(t) for t in sample.tokens], inputs)
+    return expand_images(Sample(tokens, np.full_like(tokens, IGNORE_INDEX)), images, token)
 
 
-def slice_inputs(inputs: dict[str, torch.Tensor], prompt: ImagePrompt, start: int) -> dict[str, torch.Tensor]:
-    """The inputs of the images of ``prompt`` at or after position ``start`` (which must not cut an image), their
-    slots relative to ``start``."""
-    slots = inputs["image_slots"]
-    keep = slots[:, 1] >= start
-    out = {"image_slots": slots[keep] - torch.tensor([0, start])}
-    if "image_grid" in inputs:  # patch rows of variable count per image
-        per_image = inputs["image_grid"].prod(dim=1)
-        first = int(per_image[~keep].sum())
-        out["image_grid"] = inputs["image_grid"][keep]
-        out["images"] = inputs["images"][first:]
-    else:
-        out["images"] = inputs["images"][keep]
-    return out
+def pixel_inputs(loaded: LoadedModel, images: Sequence[ImageRef], start: int = 0) -> dict[str, torch.Tensor]:
+    """The model's inputs for ``images`` (with offsets, none before ``start``): pixels from the data's processor and
+    ``image_slots`` relative to ``start``."""
+    processor = require_images(loaded).reader.processor
+    inputs = dict(processor([r.path for r in images]) if images else processor.empty())
+    inputs["image_slots"] = torch.tensor([(0, r.offset - start) for r in images], dtype=torch.int64).view(-1, 2)
+    return inputs
+
+
+def expand_prompt(loaded: LoadedModel, ids: Sequence[int], images: Sequence[ImageRef], where: str = "prompt"
+                  ) -> ImagePrompt:
+    """``ids`` with each placeholder token repeated to its image's tokens, and the images' pixels and slots."""
+    sample = expand_ids(loaded, ids, images, where)
+    return ImagePrompt([int(t) for t in sample.tokens], pixel_inputs(loaded, sample.images))
 
 
 def collate(inputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
