@@ -97,13 +97,17 @@ def end_of_turn_token(template: ChatTemplate, tok: Tokenizer) -> int | None:
     return special[token] if token is not None else None
 
 
-def check_messages(value: Any, where: str) -> list[dict[str, Any]]:
-    """``value`` as a conversation: a non-empty list of objects with a string ``role`` and ``content``."""
+def check_messages(value: Any, where: str, parts: bool = False) -> list[dict[str, Any]]:
+    """``value`` as a conversation: a non-empty list of objects with a string ``role`` and ``content`` (or, with
+    ``parts``, a list of content parts: text and images)."""
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{where}: expected a non-empty JSON list of messages, got {type(value).__name__}")
     for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ConfigError(f"{where}: message {i} must be an object with string 'role' and 'content', got {m!r}")
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not (
+                isinstance(content, str) or parts and isinstance(content, list)):
+            kind = "'content' (a string, or a list of content parts)" if parts else "'content'"
+            raise ConfigError(f"{where}: message {i} must be an object with string 'role' and {kind}, got {m!r}")
     return value
 
 
