@@ -32,11 +32,11 @@ def reference(loaded, text: str, images: list[Path], max_new_tokens: int) -> lis
     tokens = np.asarray(loaded.tokenizer.encode(text))
     sample = expand_images(Sample(tokens, tokens.copy()), [image_ref(p, reader.processor) for p in images],
                            reader.image_token_id)
-    pixels = reader.processor([str(p) for p in images])["images"]
-    slots = torch.tensor([[0, r.offset] for r in sample.images])
+    pixels = reader.processor([str(p) for p in images]) if images else {}
+    slots = torch.tensor([[0, r.offset] for r in sample.images]) if images else None
     ids, new = [int(t) for t in sample.tokens], []
     for _ in range(max_new_tokens):
-        logits = loaded.model(torch.tensor([ids + new]), images=pixels, image_slots=slots)
+        logits = loaded.model(torch.tensor([ids + new]), image_slots=slots, **pixels)
         token = int(logits[0, -1].argmax())
         if token in loaded.stop_ids:
             break
@@ -60,7 +60,22 @@ def test_generate_with_images_equals_a_full_forward_loop(vlm, vlm_export, capsys
     flags = [f for p in images for f in ("--image", str(p))]
     code, out, _ = run_cli(capsys, "generate", str(vlm_export), "--prompt", prompt, *flags, "--temperature", "0",
                            "--max-new-tokens", "12")
-    assert code == 0 and out == prompt + expected + "\n"
+    assert code == 0 and out == prompt + expected + "\n" and expected
+
+
+def test_qwen_tower_with_images_of_two_shapes(qwen_vlm_export, capsys, tmp_path):
+    """Images of their own aspect ratio: patch rows of varying count per image, with their grids."""
+    from PIL import Image
+
+    wide = tmp_path / "wide.png"
+    Image.open(BLUE).resize((48, 24)).save(wide)
+    loaded = load_for_inference(qwen_vlm_export)
+    assert [loaded.images.reader.processor.tokens(*s) for s in ((32, 32), (24, 48))] == [16, 18]
+    prompt = "<image> or <image>?"
+    expected = loaded.tokenizer.decode(reference(loaded, prompt, [RED, wide], 10))
+    code, out, _ = run_cli(capsys, "generate", str(qwen_vlm_export), "--prompt", prompt, "--image", str(RED),
+                           "--image", str(wide), "--temperature", "0", "--max-new-tokens", "10")
+    assert code == 0 and out == prompt + expected + "\n" and expected
 
 
 def test_the_image_changes_the_output(vlm):
