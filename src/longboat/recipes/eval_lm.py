@@ -170,13 +170,14 @@ def read_row_images(loaded: LoadedModel, rows: list[Row], path: Path) -> None:
 
 
 def with_images(loaded: LoadedModel, row: Row, ids: list[int], start: int | None = None, where: str = ""
-                ) -> tuple[list[int], int | None, dict | None]:
-    """``ids`` with the row's image placeholders expanded, ``start`` moved past them, and the images' inputs."""
+                ) -> tuple[list[int], int | None, list[ImageRef] | None]:
+    """``ids`` with the row's image placeholders expanded, ``start`` moved past them, and the images at their
+    offsets (decoded only when their batch runs, so that a large file's pixels are never all in memory)."""
     if loaded.images is None or (not row.refs and loaded.images.reader.image_token_id not in ids):
         return ids, start, None
     sample = expand_ids(loaded, ids, row.refs or [], where)
     expanded = [int(t) for t in sample.tokens]
-    return expanded, None if start is None else start + len(expanded) - len(ids), pixel_inputs(loaded, sample.images)
+    return expanded, None if start is None else start + len(expanded) - len(ids), sample.images
 
 
 def prompt_ids(loaded: LoadedModel, row: Row, chat: bool) -> list[int]:
@@ -210,18 +211,17 @@ SCORED_TOKENS_PER_CHUNK = 256  # logits [chunk, vocab] at a time: 150 MB in fp32
 
 @torch.inference_mode()
 def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
-                  advance=lambda items, tokens: None, inputs: list[dict | None] | None = None,
-                  empty_inputs=None) -> list[float]:
+                  advance=lambda items, tokens: None, images: list[list[ImageRef] | None] | None = None,
+                  loaded: LoadedModel | None = None) -> list[float]:
     """The summed log-probability of each request's continuation, in request order; right-padded batches.
 
     A model that declares its output head (``ModelHooks.output_head``) is scored from its hidden states at the
     continuation positions only, a few hundred at a time: the [batch, length, vocabulary] logits of a whole batch
     (gigabytes at a 150k vocabulary) never exist. Other models give their full logits, as do requests with images
-    (``inputs``: each request's image inputs or None; ``empty_inputs()``: those of a request without an image).
+    (``images``: each request's images at their offsets, or None; ``loaded``: the model's preprocessing for them).
     """
     split = hooks_of(model).output_head
-    with_images = inputs is not None and any(i is not None for i in inputs)
-    if split is not None and not with_images:
+    if split is not None and not (images and any(images)):
         return _score_from_hidden(*split(model), model, requests, batch_size, advance)
     device = next(model.parameters()).device
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
@@ -234,12 +234,8 @@ def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
             tokens[r, :len(ids)] = torch.tensor(ids)
         tokens = tokens.to(device)
         positions = torch.arange(T, device=device).expand(len(batch), T)
-        members = order[b:b + batch_size]
-        extra = {}
-        if with_images and any(inputs[i] is not None for i in members):
-            extra = to_device(collate([inputs[i] if inputs[i] is not None else empty_inputs() for i in members]),
-                              device)
-        logits = model(tokens, positions, None, **extra)
+        extra = batch_images(loaded, images, order[b:b + batch_size], device) if images else None
+        logits = model(tokens, positions, None, **(extra or {}))
         for r, (ids, start) in enumerate(batch):
             # The logits at position t predict token t + 1.
             logprobs = logits[r, start - 1:len(ids) - 1].float().log_softmax(-1)
@@ -284,10 +280,10 @@ def _score_from_hidden(hidden, head: torch.Tensor, model, requests: list[tuple[l
 
 @torch.inference_mode()
 def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
-                     advance=lambda items, tokens: None, inputs: list[dict | None] | None = None
+                     advance=lambda items, tokens: None, images: list[list[ImageRef] | None] | None = None
                      ) -> list[list[int]]:
     """Greedy continuations up to the first stop id, batched only among prompts of the same token length;
-    ``inputs``: each prompt's image inputs (or None), given to the prefill step."""
+    ``images``: each prompt's images at their offsets (or None), given to the prefill step."""
     device = next(loaded.model.parameters()).device
     max_len = loaded.model.cfg.max_seq_len
     by_length: dict[int, list[int]] = {}
@@ -298,7 +294,7 @@ def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_toke
         for b in range(0, len(members), batch_size):
             group = members[b:b + batch_size]
             prompt = torch.tensor([prompts[i] for i in group], dtype=torch.long, device=device)
-            extra = _batch_inputs(loaded, inputs, group, device)
+            extra = batch_images(loaded, images, group, device)
             out = generate(loaded.model, prompt, min(max_new_tokens, max_len - length), temperature=0.0,
                            stop_ids=loaded.stop_ids, inputs=extra)
             for r, i in enumerate(group):
@@ -307,13 +303,13 @@ def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_toke
     return answers
 
 
-def _batch_inputs(loaded: LoadedModel, inputs: list[dict | None] | None, members: list[int],
-                  device: torch.device) -> dict | None:
-    """The image inputs of a batch of ``members`` (rows without images give none); None when none has any."""
-    if inputs is None or all(inputs[i] is None for i in members):
+def batch_images(loaded: LoadedModel, images: list[list[ImageRef] | None] | None, members: list[int],
+                 device: torch.device) -> dict | None:
+    """The model's image inputs for a batch of ``members`` (rows without images give none), decoded now; None when
+    none has any."""
+    if images is None or all(not images[i] for i in members):
         return None
-    return to_device(collate([inputs[i] if inputs[i] is not None else pixel_inputs(loaded, []) for i in members]),
-                     device)
+    return to_device(collate([pixel_inputs(loaded, images[i] or []) for i in members]), device)
 
 
 def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
@@ -344,11 +340,11 @@ def _evaluate(model_path: str | Path, cfg: EvalLMConfig, kind: Kind, rows: list[
         if kind == "exact_match":
             expanded = [with_images(loaded, r, prompt_ids(loaded, r, chat), where=f"{cfg.data}:{r.line}")
                         for r in rows]
-            prompts, inputs = [ids for ids, _, _ in expanded], [i for _, _, i in expanded]
+            prompts, images = [ids for ids, _, _ in expanded], [i for _, _, i in expanded]
             _check_fits(cfg.data, rows, [len(p) + 1 for p in prompts], max_len)
             progress.total(len(rows))
             outputs = generate_answers(loaded, prompts, cfg.max_new_tokens, cfg.batch_size, progress.advance,
-                                       inputs)
+                                       images)
             items = _exact_match_items(loaded, rows, outputs, cfg.normalize)
             tokens = sum(len(o) for o in outputs)
         else:
@@ -357,10 +353,9 @@ def _evaluate(model_path: str | Path, cfg: EvalLMConfig, kind: Kind, rows: list[
                         for ids, start in choice_requests(loaded, r, chat, delimiter)] for r in rows]
             _check_fits(cfg.data, rows, [max(len(ids) for ids, _, _ in reqs) for reqs in per_row], max_len)
             requests = [(ids, start) for reqs in per_row for ids, start, _ in reqs]
-            inputs = [i for reqs in per_row for _, _, i in reqs]
+            images = [i for reqs in per_row for _, _, i in reqs]
             progress.total(len(requests))
-            scores = iter(score_choices(loaded.model, requests, cfg.batch_size, progress.advance, inputs,
-                                        lambda: pixel_inputs(loaded, [])))
+            scores = iter(score_choices(loaded.model, requests, cfg.batch_size, progress.advance, images, loaded))
             items = _choice_items(rows, [[next(scores) for _ in reqs] for reqs in per_row])
             tokens = sum(len(ids) for ids, _ in requests)
     seconds = time.perf_counter() - start
