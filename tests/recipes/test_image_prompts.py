@@ -93,6 +93,26 @@ def test_chat_prompt_with_an_image(vlm, vlm_export, capsys):
     assert code == 0 and out == expected + "\n"
 
 
+def test_messages_with_image_parts(vlm_export, capsys, tmp_path):
+    """Image parts of a --messages file, relative to it, reply as --chat --prompt with --image."""
+    import json
+    import shutil
+
+    shutil.copy(RED, tmp_path / "red.png")
+    messages = [{"role": "user", "content": [{"type": "image", "image": "red.png"},
+                                             {"type": "text", "text": "What shape is this?"}]}]
+    (tmp_path / "messages.json").write_text(json.dumps(messages))
+    sampling = ["--temperature", "0", "--max-new-tokens", "10"]
+    code, out, _ = run_cli(capsys, "generate", str(vlm_export), "--messages", str(tmp_path / "messages.json"),
+                           *sampling)
+    assert code == 0
+    assert out == run_cli(capsys, "generate", str(vlm_export), "--chat", "--prompt", "What shape is this?",
+                          "--image", str(RED), *sampling)[1]
+    messages[0]["content"][0]["image"] = "none.png"
+    code, _, err = run_cli(capsys, "generate", str(vlm_export), "--messages", json.dumps(messages), *sampling)
+    assert code == 2 and err.strip() == "error: --messages: missing image (none.png)"
+
+
 @pytest.fixture(scope="module")
 def text_export(tmp_path_factory) -> Path:
     from longboat.checkpoint.export import save_export

@@ -92,6 +92,16 @@ def _generate(args: argparse.Namespace) -> int:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         prompt = attach_images(loaded, args.prompt, len(images), "--prompt") if images else args.prompt
         messages.append({"role": "user", "content": prompt})
+    elif messages is not None:  # image parts: paths relative to the messages file (or to here)
+        from pathlib import Path
+
+        from longboat.recipes.generate import flatten_parts, messages_file
+
+        base = messages_file(args.messages)
+        messages, parts = flatten_parts(loaded, messages, base.parent if base is not None else Path("."))
+        if parts and images:
+            raise ConfigError("--messages holds image parts: drop --image, or use placeholders for its images")
+        images = images or parts
     for i in range(args.num_samples):
         sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i, images)
         if messages is not None:

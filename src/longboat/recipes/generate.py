@@ -15,6 +15,8 @@ import torch
 
 from longboat.config.base import ConfigError
 from longboat.data.chat import ChatTemplate, ChatTemplateError
+from longboat.data.chat.images import images_of
+from longboat.data.chat.sources import Malformed
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
@@ -111,10 +113,17 @@ def check_messages(value: Any, where: str, parts: bool = False) -> list[dict[str
     return value
 
 
-def parse_messages(arg: str) -> list[dict[str, Any]]:
-    """``--messages``: a JSON file, or the JSON text itself."""
+def messages_file(arg: str) -> Path | None:
+    """The file ``--messages`` names, or None when it is the JSON text itself."""
     path = Path(arg)
-    is_file = len(arg) < 4096 and not arg.lstrip().startswith("[") and path.is_file()
+    return path if len(arg) < 4096 and not arg.lstrip().startswith("[") and path.is_file() else None
+
+
+def parse_messages(arg: str) -> list[dict[str, Any]]:
+    """``--messages``: a JSON file, or the JSON text itself; a message's content may be a list of parts (text, and
+    images for a model that reads them: ``flatten_parts``)."""
+    path = Path(arg)
+    is_file = messages_file(arg) is not None
     where = str(path) if is_file else "--messages"
     try:
         value = loads(path.read_bytes() if is_file else arg)
@@ -123,7 +132,21 @@ def parse_messages(arg: str) -> list[dict[str, Any]]:
     except JSONTextError as e:
         at = f"{where}:{e.line}" if is_file and e.line is not None else where
         raise ConfigError(f"{at}: expected a JSON list of messages or a file holding one ({e.reason})") from None
-    return check_messages(value, where)
+    return check_messages(value, where, parts=True)
+
+
+def flatten_parts(loaded: LoadedModel, messages: list[dict[str, Any]], base: Path, where: str = "--messages"
+                  ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Messages whose content parts (``{"type": "image", "image": path}``, paths relative to ``base``) became text
+    with the model's placeholders, as the SFT data reads them, and the images' files in placeholder order."""
+    if not any(isinstance(m["content"], list) for m in messages):
+        return messages, []
+    found = require_images(loaded)
+    try:
+        row, refs = images_of({"messages": messages}, found.placeholder, base, found.reader.processor)
+    except Malformed as e:
+        raise ConfigError(f"{where}: {e.reason} ({e.detail})") from None
+    return row["messages"], [r.path for r in refs]
 
 
 def generate_text(
