@@ -17,7 +17,7 @@ from longboat.errors import LongboatError
 from longboat.data.chat.images import ImageRef
 from longboat.models.llm.generation import sample_next
 from longboat.recipes.generate import LoadedModel
-from longboat.recipes.image_prompts import expand_ids, pixel_inputs, read_images, require_images, to_device, \
+from longboat.recipes.image_prompts import expand_ids, model_inputs, pixel_inputs, read_images, require_images, \
     with_placeholders
 
 COMMANDS = ("/image PATH (attach an image to the next message), /reset (start over), /system TEXT (replace the "
@@ -94,7 +94,8 @@ class ChatSession:
             # An image is fed whole: a prefix ending inside one drops back to its start.
             keep = min([keep] + [r.offset for r in placed if r.offset < keep < r.offset + r.tokens])
             fed = [r for r in placed if r.offset >= keep]
-            inputs = to_device(pixel_inputs(self.loaded, fed, keep), self.device) if fed else None
+            if fed:
+                inputs = model_inputs(self.loaded.model, pixel_inputs(self.loaded, fed, keep), self.device)
         self.cache.rewind(keep)
         self.cached = self.cached[:keep]
         logits = self._feed(ids[keep:], inputs)

@@ -40,8 +40,8 @@ from longboat.models.registry import hooks_of
 from longboat.data.chat.images import ImageRef, images_of
 from longboat.data.chat.sources import Malformed
 from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
-from longboat.recipes.image_prompts import collate, expand_ids, pixel_inputs, read_images, require_images, \
-    to_device, with_placeholders
+from longboat.recipes.image_prompts import collate, expand_ids, model_inputs, pixel_inputs, read_images, \
+    require_images, with_placeholders
 from longboat.utils.json_files import parse_json
 from longboat.utils.logging import console
 from longboat.utils.outputs import staged_file
@@ -309,7 +309,7 @@ def batch_images(loaded: LoadedModel, images: list[list[ImageRef] | None] | None
     none has any."""
     if images is None or all(not images[i] for i in members):
         return None
-    return to_device(collate([pixel_inputs(loaded, images[i] or []) for i in members]), device)
+    return model_inputs(loaded.model, collate([pixel_inputs(loaded, images[i] or []) for i in members]), device)
 
 
 def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:

@@ -20,8 +20,8 @@ from longboat.data.chat.sources import Malformed
 from longboat.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longboat.models.llm.generation import generate
 from longboat.recipes.artifact import open_artifact
-from longboat.recipes.image_prompts import ImageInputs, expand_prompt, image_inputs_of, read_images, require_images, \
-    to_device, with_placeholders
+from longboat.recipes.image_prompts import ImageInputs, expand_prompt, image_inputs_of, model_inputs, read_images, \
+    require_images, with_placeholders
 from longboat.recipes.sampling import check_sampling
 from longboat.utils.json_files import JSONTextError, loads, read_json_object
 
@@ -220,7 +220,7 @@ def complete(
     start = time.perf_counter()
     out = generate(loaded.model, prompt_t, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    stop_ids=loaded.stop_ids, generator=gen,
-                   inputs=None if inputs is None else to_device(inputs, device))
+                   inputs=None if inputs is None else model_inputs(loaded.model, inputs, device))
     elapsed = time.perf_counter() - start
     new = until_stop(out[0, len(ids):].tolist(), loaded.stop_ids)
     return loaded.tokenizer.decode(new), len(new) / max(elapsed, 1e-9)

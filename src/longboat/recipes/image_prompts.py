@@ -21,6 +21,7 @@ from longboat.data.chat.sources import Malformed
 from longboat.data.chat.supervision import Sample
 from longboat.data.labels import IGNORE_INDEX
 from longboat.models.contracts import ImageReader, image_reader
+from longboat.models.registry import hooks_of
 
 if TYPE_CHECKING:
     from longboat.recipes.generate import LoadedModel
@@ -126,5 +127,9 @@ def collate(inputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
     return batch
 
 
-def to_device(inputs: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device) for k, v in inputs.items()}
+def model_inputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor], device: torch.device
+                 ) -> dict[str, torch.Tensor]:
+    """The keyword inputs ``model`` takes from ``inputs``, as training takes them from a batch (its spec's
+    ``ModelHooks.model_inputs``), on ``device``."""
+    take = hooks_of(model).model_inputs
+    return {k: v.to(device) for k, v in (take(inputs) if take is not None else inputs).items()}
