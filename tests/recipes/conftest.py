@@ -113,7 +113,7 @@ def save_vlm_export(out: Path, vision: dict) -> Path:
 
     fields = {"vision": vision, "projector": {"kind": "mlp"},
               "language": {"arch": "decoder", "preset": "tiny", "vocab_size": 512, "d_model": 32, "n_layers": 2,
-                           "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64, "max_seq_len": 128},
+                           "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64, "max_seq_len": 256},
               "image_token_id": 3}
     spec = get_model("vlm")
     cfg = validate(spec.config, fields, "test")

@@ -103,11 +103,12 @@ def test_input_that_is_not_utf8_is_skipped_with_a_note(chat_export):
 
 def test_images_attached_to_turns_reply_as_a_full_forward_loop(vlm_export):
     """Two turns, each with its image: every reply equals greedy full forwards over the whole conversation, and the
-    second turn prefills only what follows the cached first (its image among it)."""
+    second turn prefills only what follows the cached first (its image among it); a third, after the system message
+    changed, prefills everything, both images again."""
     from tests.recipes.test_image_prompts import BLUE, RED, reference
 
     loaded = load_for_inference(vlm_export)
-    session = ChatSession(loaded, max_new_tokens=10, temperature=0.0)
+    session = ChatSession(loaded, max_new_tokens=4, temperature=0.0)
     messages, images = [], []
     for image, question in ((RED, "What colour is the shape?"), (BLUE, "And this one?")):
         session.attach(str(image))
@@ -115,10 +116,16 @@ def test_images_attached_to_turns_reply_as_a_full_forward_loop(vlm_export):
         messages.append({"role": "user", "content": "<image>" + question})
         images.append(image)
         text = loaded.tokenizer.decode(loaded.render_chat(messages))
-        assert reply.text == loaded.tokenizer.decode(reference(loaded, text, images, 10))
+        assert reply.text == loaded.tokenizer.decode(reference(loaded, text, images, 4))
         messages.append({"role": "assistant", "content": reply.text})
     assert reply.reused > 0 and reply.prefilled > 16  # the second image's 16 tokens were fed, not the first's
     assert session.pending == [] and len(session.images) == 2
+    # A new system message changes all but the first token: both images are fed again with the whole conversation.
+    session.system = "Be brief."
+    reply = session.send("Which was first?")
+    messages = [{"role": "system", "content": "Be brief."}, *messages, {"role": "user", "content": "Which was first?"}]
+    text = loaded.tokenizer.decode(loaded.render_chat(messages))
+    assert reply.reused <= 1 and reply.text == loaded.tokenizer.decode(reference(loaded, text, images, 4))
 
 
 def test_image_command(vlm_export, tmp_path):
