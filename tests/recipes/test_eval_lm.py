@@ -319,7 +319,7 @@ def test_multiple_choice_rows_with_images(vlm_export, image_data):
     assert results["items"][0]["logprobs"] != pytest.approx(results["items"][2]["logprobs"], abs=1e-3)
 
 
-def test_rows_with_images_fail_in_one_line(vlm_export, image_data, capsys):
+def test_rows_with_images_fail_in_one_line(vlm_export, image_data, capsys, tmp_path):
     root, red, _ = image_data
     cases = [
         ({"prompt": "hi", "answer": "x", "images": ["images/none.png"]},
@@ -335,3 +335,7 @@ def test_rows_with_images_fail_in_one_line(vlm_export, image_data, capsys):
         assert main(["eval-lm", str(vlm_export), "--data", data]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+    # A missing image fails before the model is read.
+    data = write_jsonl(root / "rows.jsonl", [cases[0][0]])
+    assert main(["eval-lm", str(tmp_path / "no_model"), "--data", data]) == 2
+    assert cases[0][1] in capsys.readouterr().err

@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
     p.add_argument("--data", required=True, metavar="FILE.jsonl",
                    help='rows {"prompt" | "messages", "answer"} (exact match) or {"context" | "prompt", "choices", '
-                        '"label"} (multiple choice)')
+                        '"label"} (multiple choice); with "images": [paths relative to the file] for a model that '
+                        'reads images')
     p.add_argument("--kind", choices=["auto", "exact_match", "multiple_choice"], default="auto",
                    help="task kind (auto: from the first row's keys)")
     p.add_argument("--batch-size", type=int, default=8)

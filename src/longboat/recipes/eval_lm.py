@@ -97,6 +97,9 @@ def read_rows(path: Path, kind: str = "auto", limit: int | None = None) -> tuple
             if kind == "auto":
                 kind = "multiple_choice" if "choices" in obj else "exact_match"
             rows.append(_parse_row(obj, kind, where, line_no))
+            for image in rows[-1].images or []:  # before the model loads; their contents once it has
+                if not (path.parent / image).is_file():
+                    raise EvalDataError(f"{where}: image {path.parent / image}: missing image")
     if not rows:
         raise EvalDataError(f"{path}: no rows")
     return kind, rows
