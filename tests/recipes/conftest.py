@@ -97,3 +97,47 @@ def plain_hf_dir(chat_hf_dir, tmp_path_factory) -> Path:
     config.pop("chat_template", None)
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     return out
+
+
+VLM_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vlm"  # drawn shapes and a tokenizer with <image>
+
+
+def save_vlm_export(out: Path, vision: dict) -> Path:
+    """An export of a tiny random vision-language model over ``vision`` (an MLP projector, a 2-layer decoder) with
+    the fixture's tokenizer, whose ``<image>`` is the model's image token. Its weights are scaled up so that its
+    greedy choices are far from ties and its images change what it says."""
+    from longboat.checkpoint.export import save_export
+    from longboat.config.base import validate
+    from longboat.models import get_model
+    from longboat.tasks.pretrain import tokenizer_assets
+
+    fields = {"vision": vision, "projector": {"kind": "mlp"},
+              "language": {"arch": "decoder", "preset": "tiny", "vocab_size": 512, "d_model": 32, "n_layers": 2,
+                           "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64, "max_seq_len": 256},
+              "image_token_id": 3}
+    spec = get_model("vlm")
+    cfg = validate(spec.config, fields, "test")
+    torch.manual_seed(0)
+    model = spec.build(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(10)
+    return save_export(out, model, "vlm", cfg.model_dump(mode="json"), tokenizer_assets(VLM_FIXTURE / "tokenizer"),
+                       {"task": "sft"})
+
+
+@pytest.fixture(scope="session")
+def vlm_export(tmp_path_factory) -> Path:
+    """A ViT over 32-pixel images in 8-pixel patches: 16 tokens an image."""
+    vision = {"arch": "vit", "image_size": 32, "patch_size": 8, "d_model": 32, "n_layers": 1, "n_heads": 2}
+    return save_vlm_export(tmp_path_factory.mktemp("vlm") / "export", vision)
+
+
+@pytest.fixture(scope="session")
+def qwen_vlm_export(tmp_path_factory) -> Path:
+    """Qwen2.5-VL's tower: images keep their aspect ratio, (h/8)·(w/8) tokens each."""
+    vision = {"arch": "qwen2_5_vl_vision", "d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 48, "out_dim": 40,
+              "patch_size": 4, "window_size": 16, "full_attention_layers": [1], "min_pixels": 64,
+              "max_pixels": 4096}
+    return save_vlm_export(tmp_path_factory.mktemp("qwen_vlm") / "export", vision)

@@ -99,3 +99,46 @@ def test_input_that_is_not_utf8_is_skipped_with_a_note(chat_export):
     assert "[input line 1 is not UTF-8 text; not sent]" in err.getvalue()
     assert len(out.getvalue().splitlines()) == 1
     assert [m["content"] for m in session.messages() if m["role"] == "user"] == [QUESTIONS[0]]
+
+
+def test_images_attached_to_turns_reply_as_a_full_forward_loop(vlm_export):
+    """Two turns, each with its image: every reply equals greedy full forwards over the whole conversation, and the
+    second turn prefills only what follows the cached first (its image among it); a third, after the system message
+    changed, prefills everything, both images again."""
+    from tests.recipes.test_image_prompts import BLUE, RED, reference
+
+    loaded = load_for_inference(vlm_export)
+    session = ChatSession(loaded, max_new_tokens=4, temperature=0.0)
+    messages, images = [], []
+    for image, question in ((RED, "What colour is the shape?"), (BLUE, "And this one?")):
+        session.attach(str(image))
+        reply = session.send(question)
+        messages.append({"role": "user", "content": "<image>" + question})
+        images.append(image)
+        text = loaded.tokenizer.decode(loaded.render_chat(messages))
+        assert reply.text == loaded.tokenizer.decode(reference(loaded, text, images, 4))
+        messages.append({"role": "assistant", "content": reply.text})
+    assert reply.reused > 0 and reply.prefilled > 16  # the second image's 16 tokens were fed, not the first's
+    assert session.pending == [] and len(session.images) == 2
+    # A new system message changes all but the first token: both images are fed again with the whole conversation.
+    session.system = "Be brief."
+    reply = session.send("Which was first?")
+    messages = [{"role": "system", "content": "Be brief."}, *messages, {"role": "user", "content": "Which was first?"}]
+    text = loaded.tokenizer.decode(loaded.render_chat(messages))
+    assert reply.reused <= 1 and reply.text == loaded.tokenizer.decode(reference(loaded, text, images, 4))
+
+
+def test_image_command(vlm_export, tmp_path):
+    from tests.recipes.test_image_prompts import RED
+
+    session = ChatSession(load_for_inference(vlm_export), max_new_tokens=4, temperature=0.0)
+    stdin = io.StringIO(f"/image {tmp_path / 'none.png'}\n/image {RED}\nWhat colour?\n<image>\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert run_chat(session, stdin, out, err) == 0
+    lines = err.getvalue().splitlines()
+    assert lines[0] == f"[/image {tmp_path / 'none.png'}: missing image ({tmp_path / 'none.png'})]"
+    assert lines[1] == f"[image {RED} attached to the next message]"
+    assert lines[2].startswith("[prefilled ")
+    # A placeholder typed without an image is refused, and the chat goes on.
+    assert lines[3] == "[the conversation: 2 image tokens '<image>' for 1 images]"
+    assert len(session.turns) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -242,3 +243,99 @@ def test_scores_from_hidden_states_equal_the_full_logits(monkeypatch):
             logps = model(torch.tensor([ids]))[0].log_softmax(-1)
             expected.append(sum(logps[t - 1, ids[t]].item() for t in range(start, len(ids))))
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture
+def image_data(tmp_path):
+    """The fixture's images beside a data file that names them relatively."""
+    import shutil
+
+    from tests.recipes.test_image_prompts import BLUE, RED
+
+    (tmp_path / "images").mkdir()
+    for image in (RED, BLUE):
+        shutil.copy(image, tmp_path / "images" / image.name)
+    return tmp_path, f"images/{RED.name}", f"images/{BLUE.name}"
+
+
+def test_exact_match_rows_with_images(vlm_export, image_data):
+    """Prompts with an ``images`` list and messages with image parts, batched with each other and with a text row:
+    every answer equals greedy full forwards of that row alone."""
+    from longboat.recipes.generate import load_for_inference
+    from tests.recipes.test_image_prompts import reference
+
+    root, red, blue = image_data
+    question = "What colour is the shape?"
+    rows = [{"prompt": question, "answer": "red", "images": [red]},
+            {"prompt": question, "answer": "blue", "images": [blue]},  # same length: batched with the first
+            {"messages": [{"role": "user", "content": [{"type": "image", "image": blue},
+                                                       {"type": "text", "text": question}]}], "answer": "blue"},
+            {"prompt": "<image> or <image>?", "answer": "x", "images": [blue, red]},
+            {"prompt": question, "answer": "x"}]
+    results = run_eval_lm(vlm_export, EvalLMConfig(data=write_jsonl(root / "rows.jsonl", rows), batch_size=4,
+                                                   max_new_tokens=6))
+    loaded = load_for_inference(vlm_export)
+    assert results["chat"] is True
+    for row, item, images in zip(rows, results["items"], [[red], [blue], [blue], [blue, red], []]):
+        text = row.get("prompt", question)
+        content = text if "<image>" in text else "<image>" * len(images) + text
+        prompt = loaded.tokenizer.decode(loaded.render_chat([{"role": "user", "content": content}]))
+        expected = reference(loaded, prompt, [root / p for p in images], 6)
+        assert item["prediction"] == loaded.tokenizer.decode(expected)
+    assert results["items"][0]["prediction"] != results["items"][1]["prediction"]
+
+
+@torch.inference_mode()
+def test_multiple_choice_rows_with_images(vlm_export, image_data):
+    from longboat.data.chat.images import expand_images, image_ref
+    from longboat.data.chat.supervision import Sample
+    from longboat.recipes.generate import load_for_inference
+
+    root, red, blue = image_data
+    rows = [{"context": "<image>Colour:", "choices": ["red", "blue"], "label": 0, "images": [red]},
+            {"context": "Colour:", "choices": ["red", "blue"], "label": 1, "images": [blue]},
+            {"context": "Colour:", "choices": ["red", "blue"], "label": 1}]
+    results = run_eval_lm(vlm_export, EvalLMConfig(data=write_jsonl(root / "mc.jsonl", rows), batch_size=3))
+    loaded = load_for_inference(vlm_export)
+    reader, tok = loaded.images.reader, loaded.tokenizer
+    for row, item in zip(rows, results["items"]):
+        paths = [root / p for p in row.get("images", [])]
+        expected = []
+        for choice in row["choices"]:
+            context = row["context"] if "<image>" in row["context"] or not paths else "<image>" + row["context"]
+            n_context = len(tok.encode(context))
+            ids = np.asarray(tok.encode(context + " " + choice))
+            sample = expand_images(Sample(ids, ids.copy()), [image_ref(p, reader.processor) for p in paths],
+                                   reader.image_token_id)
+            start = n_context + len(sample.tokens) - len(ids)
+            extra = {}
+            if paths:
+                extra = {"images": reader.processor([str(p) for p in paths])["images"],
+                         "image_slots": torch.tensor([[0, r.offset] for r in sample.images])}
+            logits = loaded.model(torch.tensor([sample.tokens.tolist()]), **extra)[0].log_softmax(-1)
+            target = torch.tensor(sample.tokens[start:].tolist())
+            expected.append(float(logits[start - 1:-1].gather(-1, target[:, None]).sum()))
+        assert item["logprobs"] == pytest.approx(expected, abs=1e-4)
+    assert results["items"][0]["logprobs"] != pytest.approx(results["items"][2]["logprobs"], abs=1e-3)
+
+
+def test_rows_with_images_fail_in_one_line(vlm_export, image_data, capsys, tmp_path):
+    root, red, _ = image_data
+    cases = [
+        ({"prompt": "hi", "answer": "x", "images": ["images/none.png"]},
+         f"rows.jsonl:1: image {root / 'images/none.png'}: missing image"),
+        ({"prompt": "<image><image>", "answer": "x", "images": [red]}, "rows.jsonl:1: 2 placeholders '<image>' for 1 "
+                                                                        "images"),
+        ({"prompt": "hi", "answer": "x", "images": "a.png"}, "rows.jsonl:1: 'images' must be a list of paths"),
+        ({"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4"}]}], "answer": "x"},
+         "rows.jsonl:1: unknown content part"),
+    ]
+    for row, message in cases:
+        data = write_jsonl(root / "rows.jsonl", [row])
+        assert main(["eval-lm", str(vlm_export), "--data", data]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    # A missing image fails before the model is read.
+    data = write_jsonl(root / "rows.jsonl", [cases[0][0]])
+    assert main(["eval-lm", str(tmp_path / "no_model"), "--data", data]) == 2
+    assert cases[0][1] in capsys.readouterr().err

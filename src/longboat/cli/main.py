@@ -83,13 +83,27 @@ def _generate(args: argparse.Namespace) -> int:
     from longboat.recipes.generate import generate_chat, generate_text, load_for_inference, parse_messages
 
     messages = parse_messages(args.messages) if args.messages is not None else None
-    if args.chat and messages is None:
-        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
-        messages.append({"role": "user", "content": args.prompt})
+    images = args.images or []
     _load_plugins(args)
     loaded = load_for_inference(args.model)
+    if args.chat and messages is None:
+        from longboat.recipes.generate import attach_images
+
+        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+        prompt = attach_images(loaded, args.prompt, len(images), "--prompt") if images else args.prompt
+        messages.append({"role": "user", "content": prompt})
+    elif messages is not None:  # image parts: paths relative to the messages file (or to here)
+        from pathlib import Path
+
+        from longboat.recipes.generate import flatten_parts, messages_file
+
+        base = messages_file(args.messages)
+        messages, parts = flatten_parts(loaded, messages, base.parent if base is not None else Path("."))
+        if parts and images:
+            raise ConfigError("--messages holds image parts: drop --image, or use placeholders for its images")
+        images = images or parts
     for i in range(args.num_samples):
-        sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i)
+        sampling = (args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed + i, images)
         if messages is not None:
             text, rate = generate_chat(loaded, messages, *sampling)
             print(text)
@@ -275,13 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--messages", default=None, metavar="FILE_OR_JSON",
                    help='the conversation as a JSON list ([{"role": "user", "content": "..."}]) or a file holding '
                         'it; implies --chat')
+    p.add_argument("--image", dest="images", action="append", default=None, metavar="PATH",
+                   help="an image for a model that reads images (repeatable): they fill the prompt's image "
+                        "placeholders in order, or come before its text when it holds none")
     _add_sampling(p, max_new_tokens=128)
     p.add_argument("--num-samples", type=int, default=1, help="at least 1")
     _add_plugins(p)
     p.set_defaults(func=_generate)
 
     p = sub.add_parser("chat", help="talk with a model in the terminal (or through piped stdin)",
-                       description="Talk with a model. Commands: /reset (start over), /system TEXT (replace the "
+                       description="Talk with a model. Commands: /image PATH (attach an image to the next message), "
+                                   "/reset (start over), /system TEXT (replace the "
                                    "system message), /exit (or Ctrl-D, Ctrl-C).")
     p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
     p.add_argument("--system", default=None, help="system message")
@@ -293,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="export dir, run dir, run_dir/checkpoints/step_N, or a Hugging Face model dir")
     p.add_argument("--data", required=True, metavar="FILE.jsonl",
                    help='rows {"prompt" | "messages", "answer"} (exact match) or {"context" | "prompt", "choices", '
-                        '"label"} (multiple choice)')
+                        '"label"} (multiple choice); with "images": [paths relative to the file] for a model that '
+                        'reads images')
     p.add_argument("--kind", choices=["auto", "exact_match", "multiple_choice"], default="auto",
                    help="task kind (auto: from the first row's keys)")
     p.add_argument("--batch-size", type=int, default=8)

@@ -14,10 +14,14 @@ from typing import Callable, TextIO
 import torch
 
 from longboat.errors import LongboatError
+from longboat.data.chat.images import ImageRef
 from longboat.models.llm.generation import sample_next
 from longboat.recipes.generate import LoadedModel
+from longboat.recipes.image_prompts import expand_ids, model_inputs, pixel_inputs, read_images, require_images, \
+    with_placeholders
 
-COMMANDS = "/reset (start over), /system TEXT (replace the system message), /exit"
+COMMANDS = ("/image PATH (attach an image to the next message), /reset (start over), /system TEXT (replace the "
+            "system message), /exit")
 
 
 class ContextFull(LongboatError):
@@ -50,6 +54,12 @@ class ChatSession:
         self.device = next(model.parameters()).device
         self.cache = model.make_cache(1, self.max_len)
         self.cached: list[int] = []  # the token ids whose keys and values the cache holds, in order
+        self.images: list[ImageRef] = []  # the turns' images, in the order of their placeholders
+        self.pending: list[ImageRef] = []  # images attached to the next user message
+
+    def attach(self, path: str) -> None:
+        """Attach the image at ``path`` to the next user message (an error naming it when it cannot be read)."""
+        self.pending += read_images(self.loaded, [path], "/image")
 
     def messages(self, turns: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
         """The conversation as the template renders it: the system message, then ``turns`` (default: the turns)."""
@@ -61,21 +71,34 @@ class ChatSession:
         self.turns = []
         self.cache.rewind(0)
         self.cached = []
+        self.images, self.pending = [], []
 
     @torch.inference_mode()
     def send(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> Reply:
         """Add a user turn, generate the assistant's reply (passing its text to ``on_text`` as it decodes)."""
         start = time.perf_counter()
+        if self.pending:
+            text = with_placeholders(text, len(self.pending), require_images(self.loaded).placeholder, "message")
         turns = [*self.turns, {"role": "user", "content": text}]
         ids = self.loaded.render_chat(self.messages(turns))
+        images, inputs = [*self.images, *self.pending], None
+        if self.loaded.images is not None:  # each placeholder becomes its image's tokens, as in training
+            expanded = expand_ids(self.loaded, ids, images, "the conversation")
+            ids, placed = [int(t) for t in expanded.tokens], expanded.images
         if len(ids) >= self.max_len:
             raise ContextFull(f"the conversation needs {len(ids)} tokens and the model holds {self.max_len}; "
                               f"/reset to start over")
         # Keep the longest cached prefix, but always run at least one token: its logits start the reply.
         keep = min(_common_prefix(self.cached, ids), len(ids) - 1)
+        if self.loaded.images is not None:
+            # An image is fed whole: a prefix ending inside one drops back to its start.
+            keep = min([keep] + [r.offset for r in placed if r.offset < keep < r.offset + r.tokens])
+            fed = [r for r in placed if r.offset >= keep]
+            if fed:
+                inputs = model_inputs(self.loaded.model, pixel_inputs(self.loaded, fed, keep), self.device)
         self.cache.rewind(keep)
         self.cached = self.cached[:keep]
-        logits = self._feed(ids[keep:])
+        logits = self._feed(ids[keep:], inputs)
         stops, tok = self.loaded.stop_ids, self.loaded.tokenizer
         budget = min(self.max_new_tokens, self.max_len - len(ids))
         new: list[int] = []
@@ -96,15 +119,17 @@ class ChatSession:
         reply = tok.decode(new)
         on_text(reply[len(shown):])
         self.turns = [*turns, {"role": "assistant", "content": reply}]
+        self.images, self.pending = images, []
         truncated = not ended and len(ids) + len(new) >= self.max_len
         return Reply(reply, len(ids) - keep, keep, len(new), time.perf_counter() - start, truncated)
 
-    def _feed(self, ids: list[int]) -> torch.Tensor:
-        """Run ``ids`` after the cached tokens; the next-token logits [V] of the last one."""
+    def _feed(self, ids: list[int], inputs: dict | None = None) -> torch.Tensor:
+        """Run ``ids`` after the cached tokens (``inputs``: the images among them); the next-token logits [V] of the
+        last one."""
         n = len(self.cached)
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         positions = torch.arange(n, n + len(ids), device=self.device)[None]
-        logits = self.loaded.model(tokens, positions, self.cache)[0, -1]
+        logits = self.loaded.model(tokens, positions, self.cache, **(inputs or {}))[0, -1]
         self.cached.extend(ids)
         return logits
 
@@ -143,6 +168,14 @@ def run_chat(session: ChatSession, stdin: TextIO, stdout: TextIO, stderr: TextIO
                 session.reset()
                 print("[conversation reset]", file=stderr)
                 continue
+            if command == "/image":
+                try:
+                    session.attach(arg)
+                except LongboatError as e:
+                    print(f"[{e}]", file=stderr)
+                    continue
+                print(f"[image {arg} attached to the next message]", file=stderr)
+                continue
             if command == "/system":
                 session.system = arg or None
                 print(f"[system message {'set' if arg else 'removed'}]", file=stderr)
@@ -154,6 +187,9 @@ def run_chat(session: ChatSession, stdin: TextIO, stdout: TextIO, stderr: TextIO
                 reply = session.send(text, lambda s: (stdout.write(s), stdout.flush()))
             except ContextFull as e:
                 print(f"[context full: {e}]", file=stderr)
+                continue
+            except LongboatError as e:  # e.g. placeholders typed without their images
+                print(f"[{e}]", file=stderr)
                 continue
             stdout.write("\n")
             stdout.flush()

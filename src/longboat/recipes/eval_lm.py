@@ -10,6 +10,11 @@ log-likelihood as lm-evaluation-harness scores them: each choice is the continua
 the context (whitespace ending the context moves into the continuation), ``acc`` picks the highest sum of
 continuation log-probabilities, ``acc_norm`` the highest sum divided by the choice's length in UTF-8 bytes.
 
+Rows of a model that reads images may carry ``"images": [paths relative to the data file]`` (filling the prompt's
+placeholders in order, or put before its text when it holds none), or OpenAI-style image parts in ``messages``
+(``{"type": "image", "image": path}``); they are read, preprocessed and expanded as the model's SFT data
+(``recipes/image_prompts.py``) and scored or answered through the same path.
+
 Batches are exact: choices are right-padded (causal attention never looks at the padding), and prompts are
 decoded only with prompts of the same token length, so every answer equals the one decoded alone.
 """
@@ -32,7 +37,11 @@ from longboat.config.base import ConfigError, StrictModel
 from longboat.errors import LongboatError
 from longboat.models.llm.generation import generate
 from longboat.models.registry import hooks_of
+from longboat.data.chat.images import ImageRef, images_of
+from longboat.data.chat.sources import Malformed
 from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
+from longboat.recipes.image_prompts import collate, expand_ids, model_inputs, pixel_inputs, read_images, \
+    require_images, with_placeholders
 from longboat.utils.json_files import parse_json
 from longboat.utils.logging import console
 from longboat.utils.outputs import staged_file
@@ -66,6 +75,8 @@ class Row:
     answers: list[str] | None = None  # exact match
     choices: list[str] | None = None  # multiple choice
     label: int | None = None
+    images: list[str] | None = None  # paths as the row gives them, relative to the data file
+    refs: list[ImageRef] | None = None  # the row's images, read once the model is known
 
 
 def read_rows(path: Path, kind: str = "auto", limit: int | None = None) -> tuple[Kind, list[Row]]:
@@ -86,12 +97,24 @@ def read_rows(path: Path, kind: str = "auto", limit: int | None = None) -> tuple
             if kind == "auto":
                 kind = "multiple_choice" if "choices" in obj else "exact_match"
             rows.append(_parse_row(obj, kind, where, line_no))
+            for image in rows[-1].images or []:  # before the model loads; their contents once it has
+                if not (path.parent / image).is_file():
+                    raise EvalDataError(f"{where}: image {path.parent / image}: missing image")
     if not rows:
         raise EvalDataError(f"{path}: no rows")
     return kind, rows
 
 
 def _parse_row(obj: dict, kind: str, where: str, line_no: int) -> Row:
+    images = obj.get("images")
+    if images is not None and not (isinstance(images, list) and all(isinstance(p, str) for p in images)):
+        raise EvalDataError(f"{where}: 'images' must be a list of paths (relative to the data file), got {images!r}")
+    row = _parse_text_row(obj, kind, where, line_no)
+    row.images = images or None
+    return row
+
+
+def _parse_text_row(obj: dict, kind: str, where: str, line_no: int) -> Row:
     if kind == "exact_match":
         expected = "'prompt' or 'messages', and 'answer'"
         prompt, messages, answer = obj.get("prompt"), obj.get("messages"), obj.get("answer")
@@ -104,7 +127,7 @@ def _parse_row(obj: dict, kind: str, where: str, line_no: int) -> Row:
                                 f"'messages'; got keys {sorted(obj)}")
         if messages is not None:
             try:
-                check_messages(messages, f"{where}: 'messages'")
+                check_messages(messages, f"{where}: 'messages'", parts=True)
             except ConfigError as e:
                 raise EvalDataError(str(e)) from None
         return Row(line_no, prompt=prompt, messages=messages, answers=answers)
@@ -126,6 +149,38 @@ def normalize_answer(text: str, mode: str) -> str:
         text = "".join(c for c in text.lower() if c not in string.punctuation)
         text = " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
     return text
+
+
+def read_row_images(loaded: LoadedModel, rows: list[Row], path: Path) -> None:
+    """Each row's images read from their headers (``row.refs``), image parts of its messages turned into placeholders
+    and a prompt given one placeholder per image when it holds none; an error naming the row when one disagrees."""
+    for row in rows:
+        parts = row.messages is not None and any(isinstance(m["content"], list) for m in row.messages)
+        if not row.images and not parts:
+            continue
+        where = f"{path}:{row.line}"
+        found = require_images(loaded)
+        if row.messages is None:
+            row.prompt = with_placeholders(row.prompt, len(row.images), found.placeholder, where)
+            row.refs = read_images(loaded, [path.parent / p for p in row.images], f"{where}: image")
+            continue
+        try:
+            flat, row.refs = images_of({"messages": row.messages, "images": row.images}, found.placeholder,
+                                       path.parent, found.reader.processor)
+        except Malformed as e:
+            raise EvalDataError(f"{where}: {e.reason} ({e.detail})") from None
+        row.messages = flat["messages"]
+
+
+def with_images(loaded: LoadedModel, row: Row, ids: list[int], start: int | None = None, where: str = ""
+                ) -> tuple[list[int], int | None, list[ImageRef] | None]:
+    """``ids`` with the row's image placeholders expanded, ``start`` moved past them, and the images at their
+    offsets (decoded only when their batch runs, so that a large file's pixels are never all in memory)."""
+    if loaded.images is None or (not row.refs and loaded.images.reader.image_token_id not in ids):
+        return ids, start, None
+    sample = expand_ids(loaded, ids, row.refs or [], where)
+    expanded = [int(t) for t in sample.tokens]
+    return expanded, None if start is None else start + len(expanded) - len(ids), sample.images
 
 
 def prompt_ids(loaded: LoadedModel, row: Row, chat: bool) -> list[int]:
@@ -159,15 +214,17 @@ SCORED_TOKENS_PER_CHUNK = 256  # logits [chunk, vocab] at a time: 150 MB in fp32
 
 @torch.inference_mode()
 def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
-                  advance=lambda items, tokens: None) -> list[float]:
+                  advance=lambda items, tokens: None, images: list[list[ImageRef] | None] | None = None,
+                  loaded: LoadedModel | None = None) -> list[float]:
     """The summed log-probability of each request's continuation, in request order; right-padded batches.
 
     A model that declares its output head (``ModelHooks.output_head``) is scored from its hidden states at the
     continuation positions only, a few hundred at a time: the [batch, length, vocabulary] logits of a whole batch
-    (gigabytes at a 150k vocabulary) never exist. Other models give their full logits.
+    (gigabytes at a 150k vocabulary) never exist. Other models give their full logits, as do requests with images
+    (``images``: each request's images at their offsets, or None; ``loaded``: the model's preprocessing for them).
     """
     split = hooks_of(model).output_head
-    if split is not None:
+    if split is not None and not (images and any(images)):
         return _score_from_hidden(*split(model), model, requests, batch_size, advance)
     device = next(model.parameters()).device
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
@@ -180,7 +237,8 @@ def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
             tokens[r, :len(ids)] = torch.tensor(ids)
         tokens = tokens.to(device)
         positions = torch.arange(T, device=device).expand(len(batch), T)
-        logits = model(tokens, positions, None)
+        extra = batch_images(loaded, images, order[b:b + batch_size], device) if images else None
+        logits = model(tokens, positions, None, **(extra or {}))
         for r, (ids, start) in enumerate(batch):
             # The logits at position t predict token t + 1.
             logprobs = logits[r, start - 1:len(ids) - 1].float().log_softmax(-1)
@@ -225,8 +283,10 @@ def _score_from_hidden(hidden, head: torch.Tensor, model, requests: list[tuple[l
 
 @torch.inference_mode()
 def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
-                     advance=lambda items, tokens: None) -> list[list[int]]:
-    """Greedy continuations up to the first stop id, batched only among prompts of the same token length."""
+                     advance=lambda items, tokens: None, images: list[list[ImageRef] | None] | None = None
+                     ) -> list[list[int]]:
+    """Greedy continuations up to the first stop id, batched only among prompts of the same token length;
+    ``images``: each prompt's images at their offsets (or None), given to the prefill step."""
     device = next(loaded.model.parameters()).device
     max_len = loaded.model.cfg.max_seq_len
     by_length: dict[int, list[int]] = {}
@@ -237,12 +297,22 @@ def generate_answers(loaded: LoadedModel, prompts: list[list[int]], max_new_toke
         for b in range(0, len(members), batch_size):
             group = members[b:b + batch_size]
             prompt = torch.tensor([prompts[i] for i in group], dtype=torch.long, device=device)
+            extra = batch_images(loaded, images, group, device)
             out = generate(loaded.model, prompt, min(max_new_tokens, max_len - length), temperature=0.0,
-                           stop_ids=loaded.stop_ids)
+                           stop_ids=loaded.stop_ids, inputs=extra)
             for r, i in enumerate(group):
                 answers[i] = until_stop(out[r, length:].tolist(), loaded.stop_ids)
             advance(len(group), sum(len(answers[i]) for i in group))
     return answers
+
+
+def batch_images(loaded: LoadedModel, images: list[list[ImageRef] | None] | None, members: list[int],
+                 device: torch.device) -> dict | None:
+    """The model's image inputs for a batch of ``members`` (rows without images give none), decoded now; None when
+    none has any."""
+    if images is None or all(not images[i] for i in members):
+        return None
+    return model_inputs(loaded.model, collate([pixel_inputs(loaded, images[i] or []) for i in members]), device)
 
 
 def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
@@ -263,6 +333,7 @@ def run_eval_lm(model_path: str | Path, cfg: EvalLMConfig) -> dict:
 def _evaluate(model_path: str | Path, cfg: EvalLMConfig, kind: Kind, rows: list[Row]) -> dict:
     """Load the model, score ``rows`` and print the metrics; the results as they are written."""
     loaded = load_for_inference(model_path)
+    read_row_images(loaded, rows, cfg.data)
     chat = cfg.chat if cfg.chat is not None else (kind == "exact_match" and loaded.chat_template is not None)
     if any(r.messages is not None for r in rows) and cfg.chat is False:
         raise ConfigError(f"{cfg.data}: rows with 'messages' need the chat template; drop --no-chat")
@@ -270,19 +341,24 @@ def _evaluate(model_path: str | Path, cfg: EvalLMConfig, kind: Kind, rows: list[
     start = time.perf_counter()
     with _Progress(kind) as progress:
         if kind == "exact_match":
-            prompts = [prompt_ids(loaded, r, chat) for r in rows]
+            expanded = [with_images(loaded, r, prompt_ids(loaded, r, chat), where=f"{cfg.data}:{r.line}")
+                        for r in rows]
+            prompts, images = [ids for ids, _, _ in expanded], [i for _, _, i in expanded]
             _check_fits(cfg.data, rows, [len(p) + 1 for p in prompts], max_len)
             progress.total(len(rows))
-            outputs = generate_answers(loaded, prompts, cfg.max_new_tokens, cfg.batch_size, progress.advance)
+            outputs = generate_answers(loaded, prompts, cfg.max_new_tokens, cfg.batch_size, progress.advance,
+                                       images)
             items = _exact_match_items(loaded, rows, outputs, cfg.normalize)
             tokens = sum(len(o) for o in outputs)
         else:
             delimiter = "" if chat else cfg.delimiter
-            per_row = [choice_requests(loaded, r, chat, delimiter) for r in rows]
-            _check_fits(cfg.data, rows, [max(len(ids) for ids, _ in reqs) for reqs in per_row], max_len)
-            requests = [req for reqs in per_row for req in reqs]
+            per_row = [[with_images(loaded, r, ids, start, f"{cfg.data}:{r.line}")
+                        for ids, start in choice_requests(loaded, r, chat, delimiter)] for r in rows]
+            _check_fits(cfg.data, rows, [max(len(ids) for ids, _, _ in reqs) for reqs in per_row], max_len)
+            requests = [(ids, start) for reqs in per_row for ids, start, _ in reqs]
+            images = [i for reqs in per_row for _, _, i in reqs]
             progress.total(len(requests))
-            scores = iter(score_choices(loaded.model, requests, cfg.batch_size, progress.advance))
+            scores = iter(score_choices(loaded.model, requests, cfg.batch_size, progress.advance, images, loaded))
             items = _choice_items(rows, [[next(scores) for _ in reqs] for reqs in per_row])
             tokens = sum(len(ids) for ids, _ in requests)
     seconds = time.perf_counter() - start

@@ -54,15 +54,16 @@ def read_image_conversations(path: str | Path, processor: ImageProcessor, placeh
     for row, raw in source_rows(Path(path), split, report):
         report.rows += 1
         try:
-            text_row, images = _images_of(raw, placeholder, base, processor)
+            text_row, images = images_of(raw, placeholder, base, processor)
             conversations.append(Conversation(normalise(text_row, format), row, row_tools(raw), images))
         except Malformed as e:
             report.count(row, e.reason, raw, e.detail)
     return conversations, report
 
 
-def _images_of(raw: Any, placeholder: str, base: Path, processor: ImageProcessor) -> tuple[Any, list[ImageRef]]:
-    """The row with image parts turned into placeholders, and its images in placeholder order."""
+def images_of(raw: Any, placeholder: str, base: Path, processor: ImageProcessor) -> tuple[Any, list[ImageRef]]:
+    """The row with image parts turned into placeholders, and its images in placeholder order (``Malformed`` when
+    they disagree or an image cannot be read)."""
     if not isinstance(raw, dict):
         return raw, []
     row, paths = dict(raw), []
@@ -83,7 +84,7 @@ def _images_of(raw: Any, placeholder: str, base: Path, processor: ImageProcessor
     n = sum(t.count(placeholder) for t in texts if isinstance(t, str))
     if n != len(paths):
         raise Malformed("image count mismatch", f"{n} placeholders {placeholder!r}, {len(paths)} images")
-    return row, [_image_ref(base / p, processor) for p in paths]
+    return row, [image_ref(base / p, processor) for p in paths]
 
 
 def _flatten_parts(message: dict, placeholder: str, paths: list[str]) -> dict:
@@ -111,7 +112,7 @@ def _url(value: Any) -> Any:
     return value.get("url") if isinstance(value, dict) else value
 
 
-def _image_ref(path: Path, processor: ImageProcessor) -> ImageRef:
+def image_ref(path: Path, processor: ImageProcessor) -> ImageRef:
     """The image's tokens from its size, read from its header (upright, as decoding will turn it)."""
     try:
         with Image.open(path) as image:

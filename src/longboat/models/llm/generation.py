@@ -56,8 +56,12 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     stop_ids: Iterable[int] = (),
+    inputs: dict | None = None,
 ) -> torch.Tensor:
     """Continue prompt [B, T] by up to ``max_new_tokens``; returns prompt + new tokens [B, T + n].
+
+    ``inputs``: keyword inputs of the model's forward on the prefill step only (a vision-language model's images,
+    whose features then live in the cache).
 
     All prompts share one length (no padding). A row finishes at its first token among ``eos_id`` and
     ``stop_ids`` and repeats that token from then on; decoding ends early once every row has finished.
@@ -71,7 +75,7 @@ def generate(
     stop_t = torch.tensor(stops, dtype=torch.long, device=prompt.device)
     cache = model.make_cache(B, T + max_new_tokens)
     positions = torch.arange(T, device=prompt.device).expand(B, T)
-    logits = model(prompt, positions, cache)[:, -1]
+    logits = model(prompt, positions, cache, **(inputs or {}))[:, -1]
     out = [prompt]
     done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     for step in range(max_new_tokens):
