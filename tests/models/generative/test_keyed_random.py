@@ -1,6 +1,6 @@
 import torch
 
-from longboat.models.policy.keyed_random import _mix, keyed_normal, keyed_randint, keyed_uniform, noise_key
+from longboat.models.generative.keyed_random import _mix, keyed_normal, keyed_randint, keyed_uniform, noise_key
 
 _M = (1 << 64) - 1
 

@@ -1,7 +1,7 @@
 """Random numbers that are a function of a key, not of a generator's history.
 
-A training sample's draws (diffusion noise and timesteps, flow-matching times, the CVAE sample) come from its
-``noise_key``, itself a hash of (run seed, the sample's position in the job's sample stream). The same sample
+A training sample's draws (diffusion noise and timesteps, flow-matching times, the CVAE sample, class dropout) come
+from its ``noise_key``, itself a hash of (run seed, the sample's position in the job's sample stream). The same sample
 therefore draws the same numbers on one process or eight, with any number of loader workers, and after a resume.
 
 The generator is a counter-based hash (SplitMix64's finaliser) on int64 tensors, so it runs on any device with
