@@ -35,6 +35,8 @@ class Task(TrainerHooks):
     data_config: ClassVar[type[StrictModel]]
     #: the config class every model this task trains derives from (None: any architecture)
     model_config: ClassVar[type[StrictModel] | None] = None
+    #: the task's defaults for the run's ``train:`` section (e.g. EMA on), merged under what the user sets
+    train_defaults: ClassVar[dict] = {}
 
     def __init__(self, data: StrictModel):
         self.data = data
