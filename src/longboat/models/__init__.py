@@ -3,6 +3,7 @@
 from torch import nn
 
 from longboat.config.base import validate
+from longboat.models import diffusion  # noqa: F401  (registers "dit")
 from longboat.models import llm  # noqa: F401  (registers "decoder")
 from longboat.models import policy  # noqa: F401  (registers the robot policies)
 from longboat.models.registry import ModelSpec, get_model, hf_spec, model_names, register_model, spec_of
