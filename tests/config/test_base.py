@@ -61,7 +61,7 @@ def test_missing_file_names_it(tmp_path):
         ("chekpoint.every=2", "unknown key 'chekpoint'; did you mean 'checkpoint'"),
         ("train.steps=-1", "'train.steps': Input should be greater than 0"),
         ("train.dtype=fp8", "'train.dtype'"),
-        ("task=nope", "unknown task 'nope'; known tasks: policy, preference, pretrain"),
+        ("task=nope", "unknown task 'nope'; known tasks: diffusion, policy, preference, pretrain"),
         ("model.preset=nope", "unknown model preset 'nope'"),
         ("model.arch=nope", "unknown model architecture 'nope'"),
     ],

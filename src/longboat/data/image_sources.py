@@ -10,6 +10,7 @@ order; string labels in rows are classes in sorted order too, integer labels are
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,20 +104,27 @@ def open_split(cfg: ImageSourceConfig) -> tuple[ImageSet, ImageSet | None]:
 
 
 # ---- digits ----------------------------------------------------------------------------------------------------
-def load_digits(image_size: int = DIGITS_SIZE, channels: int = 1) -> ImageSet:
-    """scikit-learn's bundled digits (1,797 images of 8×8, values 0..16), scaled to [-1, 1]."""
+@functools.lru_cache(maxsize=1)
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(images [N, 8, 8], targets [N]), read once per process (scikit-learn parses a CSV each call)."""
     try:
         from sklearn.datasets import load_digits as sklearn_digits
     except ImportError:
         raise ConfigError("data.source 'digits' needs scikit-learn: pip install 'longboat[diffusion]'") from None
     bunch = sklearn_digits()
-    images = torch.from_numpy(bunch.images.astype(np.float32)).unsqueeze(1) / DIGITS_MAX * 2 - 1  # [N, 1, 8, 8]
+    return bunch.images.astype(np.float32), bunch.target.astype(np.int64)
+
+
+def load_digits(image_size: int = DIGITS_SIZE, channels: int = 1) -> ImageSet:
+    """scikit-learn's bundled digits (1,797 images of 8×8, values 0..16), scaled to [-1, 1]."""
+    raw, target = _sklearn_digits()
+    images = torch.from_numpy(raw.copy()).unsqueeze(1) / DIGITS_MAX * 2 - 1  # [N, 1, 8, 8]
     if image_size != DIGITS_SIZE:
         images = torch.nn.functional.interpolate(images, size=(image_size, image_size), mode="bilinear",
                                                  align_corners=False, antialias=image_size < DIGITS_SIZE)
     if channels == 3:
         images = images.expand(-1, 3, -1, -1).contiguous()
-    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    labels = torch.from_numpy(target.copy())
     return ImageSet(images.clamp(-1, 1), labels, [str(i) for i in range(10)])
 
 

@@ -80,10 +80,14 @@ IMAGE_GENERATOR_FIELDS = {
 
 
 def require_image_generator(cfg: Any, task: str) -> Any:
-    """``cfg`` when it meets the image-generator contract; else an error naming each missing field."""
-    missing = [name for name in IMAGE_GENERATOR_FIELDS if not isinstance(getattr(cfg, name, None), int)]
+    """``cfg`` (a model config, or its class) when it meets the image-generator contract; else an error naming each
+    missing field."""
+    cls = cfg if isinstance(cfg, type) else type(cfg)
+    declared = getattr(cls, "model_fields", {})
+    missing = [name for name in IMAGE_GENERATOR_FIELDS
+               if name not in declared and not isinstance(getattr(cfg, name, None), int)]
     if missing:
         needs = "; ".join(f"{name}: {IMAGE_GENERATOR_FIELDS[name]}" for name in missing)
-        raise ConfigError(f"task '{task}' trains an image generator, but the model config {type(cfg).__name__} lacks "
+        raise ConfigError(f"task '{task}' trains an image generator, but the model config {cls.__name__} lacks "
                           f"{', '.join(missing)} ({needs})")
     return cfg

@@ -145,6 +145,7 @@ def with_train_defaults(data: dict) -> dict:
 
 
 def _check_arch_fits_task(task: type[Task], arch: str, task_name: str, source: str) -> None:
+    task.check_architecture(get_model(arch).config)
     base = task.model_config
     if base is None or issubclass(get_model(arch).config, base):
         return

@@ -41,6 +41,11 @@ class Task(TrainerHooks):
     def __init__(self, data: StrictModel):
         self.data = data
 
+    @classmethod
+    def check_architecture(cls, config: type[StrictModel]) -> None:
+        """Refuse an architecture (by its config class) whose models this task cannot train, before its fields are
+        filled or validated; ``model_config`` already requires a base class where one is set."""
+
     def configure_model(self, fields: dict) -> dict:
         """The model config's fields (a preset merged with the user's) completed from the data, before
         validation. Use ``fill_from_data``; a value the user set that disagrees with the data is an error."""

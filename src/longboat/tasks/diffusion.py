@@ -226,6 +226,10 @@ class DiffusionTask(Task):
     def _classes(self) -> list[str]:
         return self.images()[0].classes
 
+    @classmethod
+    def check_architecture(cls, config) -> None:
+        require_image_generator(config, "diffusion")
+
     def configure_model(self, fields: dict) -> dict:
         found = {"image_size": self.data.image_size, "in_channels": self.data.channels,
                  "num_classes": len(self._classes())}
