@@ -272,7 +272,7 @@ class DiffusionTask(Task):
             objective["effective_shift"] = self.data.objective.effective_shift(model_cfg.image_size)
         spec = {"format_version": SPEC_VERSION, "image_size": model_cfg.image_size, "channels": model_cfg.in_channels,
                 "num_classes": model_cfg.num_classes, "classes": self._classes(), "source": self.data.source,
-                "objective": objective}
+                "valid_fraction": self.data.valid_fraction, "split_seed": self.data.split_seed, "objective": objective}
         return (json.dumps(spec, indent=2) + "\n").encode()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
