@@ -22,7 +22,8 @@ def test_every_config_file_loads(path):
         overrides = [*overrides, "model={arch: decoder, preset: smollm2-135m}"]
     resolved = load_run_config(path, overrides)
     assert resolved.cfg.train.steps > 0
-    assert resolved.model.n_layers > 0
+    assert isinstance(resolved.model, resolved.spec.config)
+    assert resolved.spec.config.model_validate(resolved.model.model_dump()) == resolved.model
 
 
 def test_configs_exist():
