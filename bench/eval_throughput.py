@@ -1,5 +1,6 @@
 """Closed-loop evaluation throughput: episodes/s of ``longboat eval`` with 4 parallel envs and batched serving
-against 1 env and one request at a time, on the same policy and episodes, and where the time goes.
+against 1 env and one request at a time, on the same policy and episodes, and where the time goes; and what the
+deterministic server (each request in a forward of its own) costs against batching.
 
 The policy is the untrained stand-in MLP (``longboat serve --random-policy``) reading a Meta-World camera and the
 state, with ``--delay-ms`` per forward pass standing in for a model whose time does not grow with the batch; its
@@ -30,7 +31,8 @@ import numpy as np
 TASK, CAMERA, HORIZON = "reach-v3", "corner", 8
 
 
-def setup(args, root: Path, name: str, num_envs: int, window_ms: float, vector: str) -> dict:
+def setup(args, root: Path, name: str, num_envs: int, window_ms: float, vector: str,
+          deterministic: bool = False) -> dict:
     from longboat.sim import metaworld_env
     from longboat.eval.config import EvalConfig
     from longboat.eval.orchestrator import run_eval
@@ -40,6 +42,7 @@ def setup(args, root: Path, name: str, num_envs: int, window_ms: float, vector: 
     spec = {"observation": {"observation.images.corner": [args.size, args.size, 3], "observation.state": [39]},
             "horizon": HORIZON, "action_dim": 4, "delay_ms": args.delay_ms, "noise": 0.0}
     serve = ["--random-policy", json.dumps(spec), "--threads", "1", "--batch-window-ms", str(window_ms)]
+    serve += ["--deterministic"] if deterministic else []
     with ServerManager(serve, root / f"{name}.log") as server:
         cfg = EvalConfig(benchmark="metaworld", tasks=[TASK], episodes=args.episodes, num_envs=num_envs,
                          vector=vector, policy=f"ws://{server.host}:{server.port}", max_steps=args.steps,
@@ -89,16 +92,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="longboat-eval-bench-") as tmp:
         rows = [setup(args, Path(tmp), "1 env, 1 request at a time", 1, 0.0, "sync"),
                 setup(args, Path(tmp), "4 envs (sync), batched", 4, 2.0, "sync"),
-                setup(args, Path(tmp), "4 envs (async), batched", 4, 2.0, "async")]
-    print(f"{'setup':<28} {'wall s':>7} {'ep/s':>6} {'loop ep/s':>9} {'env s':>6} {'wait s':>7} {'requests':>8} "
+                setup(args, Path(tmp), "4 envs (async), batched", 4, 2.0, "async"),
+                setup(args, Path(tmp), "4 envs (async), deterministic", 4, 2.0, "async", deterministic=True)]
+    print(f"{'setup':<31} {'wall s':>7} {'ep/s':>6} {'loop ep/s':>9} {'env s':>6} {'wait s':>7} {'requests':>8} "
           f"{'round trip ms':>13} {'infer ms':>8}")
     for r in rows:
-        print(f"{r['setup']:<28} {r['wall_s']:7.1f} {r['episodes_per_s']:6.3f} {r['loop_episodes_per_s']:9.3f} "
+        print(f"{r['setup']:<31} {r['wall_s']:7.1f} {r['episodes_per_s']:6.3f} {r['loop_episodes_per_s']:9.3f} "
               f"{r['env_s']:6.1f} {r['request_s']:7.1f} {r['requests']:8d} {r['round_trip_ms']:13.1f} "
               f"{r['infer_ms']:8.1f}")
     for r in rows[1:]:
         print(f"{r['setup']}: {r['episodes_per_s'] / rows[0]['episodes_per_s']:.2f}x episodes/s overall, "
               f"{r['loop_episodes_per_s'] / rows[0]['loop_episodes_per_s']:.2f}x once the envs are up (goal >= 2x)")
+    batched, deterministic = rows[2], rows[3]
+    print(f"deterministic serving: {deterministic['loop_episodes_per_s'] / batched['loop_episodes_per_s']:.2f}x the "
+          f"batched episodes/s once the envs are up, round trip {deterministic['round_trip_ms']:.1f} ms vs "
+          f"{batched['round_trip_ms']:.1f} ms")
 
 
 if __name__ == "__main__":

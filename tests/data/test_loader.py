@@ -129,3 +129,23 @@ def test_epoch_runs_resume_exactly_with_workers_and_ranks():
     assert all(rows[i : i + 4] == list(range(rows[i], rows[i] + 4)) for i in range(0, 32, 4))  # runs of neighbours
     assert stream(2) == one and stream(1, workers=2) == one
     assert stream(1, consumed=24, steps=5, workers=2) == one[24:]  # resumed mid-epoch and across its end
+
+
+class Ragged(torch.utils.data.Dataset):
+    """Items of different lengths, which only the dataset's own collate can batch."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"values": torch.full((i,), i)}
+
+    @staticmethod
+    def collate(items: list[dict]) -> dict[str, torch.Tensor]:
+        return {"values": torch.cat([item["values"] for item in items])}
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_dataset_with_a_collate_builds_its_batches(workers):
+    batches = [b["values"].tolist() for b in ResumableLoader(Ragged(), 2, num_workers=workers)]
+    assert batches == [[1], [2, 2, 3, 3, 3], [4] * 4 + [5] * 5, [6] * 6 + [7] * 7]

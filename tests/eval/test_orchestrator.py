@@ -173,3 +173,17 @@ def test_a_resume_needs_a_run_file_and_episodes_it_can_read(tmp_path, capsys, ru
     if run is None or run == "":
         assert "to start over" in err
     assert (out / "results.jsonl").read_text() == results  # nothing the user had is lost
+
+
+def test_every_episode_is_filmed_until_failures_and_successes_have_their_videos():
+    from longboat.eval.orchestrator import VideoQuota
+
+    quota = VideoQuota(2, [1, 2, 3, 4, 5, 6], done=[])
+    assert sorted(quota) == [1, 2, 3, 4, 5, 6] and 3 in quota
+    assert [quota.keep(True), quota.keep(True), quota.keep(True)] == [True, True, False]
+    assert 4 in quota  # still looking for failures
+    assert [quota.keep(False), quota.keep(False)] == [True, True]
+    assert list(quota) == [] and 5 not in quota and not quota.keep(False)
+    resumed = VideoQuota(1, [1, 2, 3], done=[{"success": True, "video": "a.mp4"}, {"success": False, "video": None}])
+    assert not resumed.keep(True) and 2 in resumed and resumed.keep(False) and list(resumed) == []
+    assert list(VideoQuota(0, [1, 2], done=[])) == []

@@ -216,3 +216,29 @@ def test_overwrite_replaces_an_output_file(chat_export, tmp_path):
     assert main(["eval-lm", str(chat_export), "--data", data, "--max-new-tokens", "2", "--output", str(out),
                  "--overwrite"]) == 0
     assert json.loads(out.read_text())["n"] == 1 and sorted(os.listdir(tmp_path)) == ["qa.json", "qa.jsonl"]
+
+
+def test_scores_from_hidden_states_equal_the_full_logits(monkeypatch):
+    """Choices scored from the hidden states at their positions, a few at a time, equal log_softmax over the whole
+    [batch, length, vocabulary] logits."""
+    from longboat.models.llm import DECODER
+    from longboat.recipes import eval_lm
+
+    cfg = DECODER.config(**{**DECODER.load_preset("tiny"), "vocab_size": 300, "d_model": 32, "n_layers": 2,
+                            "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "max_seq_len": 64})
+    torch.manual_seed(0)
+    model = DECODER.build(cfg).eval()
+    gen = torch.Generator().manual_seed(1)
+    requests = []
+    for _ in range(9):
+        n = int(torch.randint(4, 40, (1,), generator=gen))
+        ids = torch.randint(0, 300, (n,), generator=gen).tolist()
+        requests.append((ids, int(torch.randint(1, n, (1,), generator=gen))))
+    monkeypatch.setattr(eval_lm, "SCORED_TOKENS_PER_CHUNK", 7)  # several chunks per batch
+    got = eval_lm.score_choices(model, requests, batch_size=4)
+    with torch.no_grad():
+        expected = []
+        for ids, start in requests:
+            logps = model(torch.tensor([ids]))[0].log_softmax(-1)
+            expected.append(sum(logps[t - 1, ids[t]].item() for t in range(start, len(ids))))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-4)

@@ -71,6 +71,16 @@ def test_concurrent_clients_are_batched_with_the_unbatched_actions():
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def test_a_deterministic_server_computes_each_request_alone_whatever_arrives_with_it():
+    with random_server(batch_window_ms=250, deterministic=True, policy={"delay_ms": 5}) as (server, port):
+        together = _concurrent(port, 8)
+        assert set(server.stats.batch_sizes) == {1} and server.stats.requests == 8
+    with random_server(deterministic=True) as (_, port):
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        for i, actions in enumerate(together):
+            np.testing.assert_array_equal(actions, client.infer({**small_obs(i), "seed": 1000 + i})["actions"])
+
+
 def _refused(port: int, payload, **connect_kwargs) -> str:
     """Send one frame the way a broken client would; return what the server answered."""
     with connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None, proxy=None, **connect_kwargs) as ws:

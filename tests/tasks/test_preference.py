@@ -1,6 +1,7 @@
 """The ``preference`` task: a packed pair equals two separate forwards, the precomputed reference equals the live
-one bitwise and is re-computed when the pairs change, LoRA's adapters-off reference is the base model, bad inputs
-end in one line, and a run trains, logs the metrics users know, resumes exactly and exports."""
+one bitwise and is re-computed when the pairs change, LoRA's adapters-off reference is the base model, a frozen copy
+gives the precomputed reference's results and resumes from its kept starting weights, bad inputs end in one line, and
+a run trains, logs the metrics users know, resumes exactly and exports."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from longboat.data.chat.sources import ChatDataError
 from longboat.models.lora import LoRAConfig, adapters_disabled, apply_lora
 from longboat.recipes import train
 from longboat.recipes.config import resolve
-from longboat.tasks.preference import REFERENCE_FILE, _adapters_off_reference, compute_reference
+from longboat.tasks.preference import REFERENCE_DIR, REFERENCE_FILE, _adapters_off_reference, compute_reference
 from longboat.tasks.preference_loss import PreferenceLoss
 from longboat.trainer.metrics import read_metrics
 from longboat.trainer.trainer import DataParallel
@@ -181,9 +182,43 @@ def test_a_run_trains_logs_the_usual_metrics_resumes_exactly_and_exports(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel):
-    """The same global batches on 2 ranks (each computing half the reference log-probs) as in one process."""
+def test_a_frozen_copy_gives_the_precomputed_results_and_resumes_from_its_starting_weights(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    precomputed = config(tmp_path / "pre", pairs)
+    train.run(resolve(precomputed))
+    copied = config(tmp_path / "copy", pairs, reference="copy")
+    train.run(resolve(copied))
+    assert (Path(copied["run_dir"]) / REFERENCE_DIR).is_dir()
+    assert not (Path(copied["run_dir"]) / REFERENCE_FILE).exists()
+    for key in ("loss", "rewards/margins", "rewards/chosen"):
+        ours = [r[key] for r in read_metrics(Path(copied["run_dir"])) if key in r]
+        theirs = [r[key] for r in read_metrics(Path(precomputed["run_dir"])) if key in r]
+        torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-5, atol=1e-6, msg=key)
+    interrupted = config(tmp_path / "resumed", pairs, steps=3, reference="copy")
+    train.run(resolve(interrupted))
+    interrupted["train"]["steps"] = 6
+    train.run(resolve(interrupted))  # the model now holds step 3's weights; the copy must still be the start
+    a = load_file(Path(copied["run_dir"]) / "export" / "model.safetensors")
+    b = load_file(Path(interrupted["run_dir"]) / "export" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resumed_copy_without_its_starting_weights_is_refused(tmp_path):
+    resolved, _ = built(tmp_path, write_pairs(tmp_path / "pairs.jsonl", n=8), reference="copy")
+    model = resolved.spec.build(resolved.model)
+    with pytest.raises(ConfigError, match="starting weights of the reference copy are missing"):
+        resolved.task.before_training(model, tmp_path / "run", torch.device("cpu"), DataParallel(), resumed=True,
+                                      replica=lambda: resolved.spec.build(resolved.model))
+    with pytest.raises(ConfigError, match="pipeline stages"):
+        resolved.task.before_training(model, tmp_path / "run", torch.device("cpu"), DataParallel(), resumed=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data_parallel, reference", [("ddp", "precompute"), ("fsdp", "precompute"),
+                                                      ("fsdp", "copy")])
+def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel, reference):
+    """The same global batches on 2 ranks (each computing half the reference log-probs, or holding half of the
+    reference copy) as in one process with the precomputed reference."""
     import sys
 
     import yaml
@@ -194,7 +229,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel):
     single = config(tmp_path / "one", pairs, steps=4)
     single["train"]["micro_batch_size"] = 4
     train.run(resolve(single))
-    double = config(tmp_path / "two", pairs, steps=4)
+    double = config(tmp_path / "two", pairs, steps=4, reference=reference)
     double["parallel"] = {"data_parallel": data_parallel}
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(double))
@@ -203,8 +238,9 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel):
     out = finish(proc, log, timeout=300)
     assert proc.returncode == 0, out[-6000:]
     one, two = (Path(c["run_dir"]) for c in (single, double))
-    torch.testing.assert_close(load_file(two / REFERENCE_FILE)["logps"], load_file(one / REFERENCE_FILE)["logps"],
-                               rtol=0, atol=1e-5)
+    if reference == "precompute":
+        torch.testing.assert_close(load_file(two / REFERENCE_FILE)["logps"],
+                                   load_file(one / REFERENCE_FILE)["logps"], rtol=0, atol=1e-5)
     for key in ("loss", "rewards/margins", "logps/chosen"):
         ours = [r[key] for r in read_metrics(two) if key in r]
         theirs = [r[key] for r in read_metrics(one) if key in r]

@@ -96,3 +96,20 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, ctrl_c):
     with pytest.raises(KeyboardInterrupt):
         trainer.fit()
     assert trainer.step == 2 and trainer.checkpoints.latest() is None  # stopped inside step 3, nothing half-saved
+
+
+def test_weighted_metrics_are_means_over_their_items(tmp_path):
+    """A loss whose metrics are per-item means over a varying number of items gives their weight: the step's (and the
+    evaluation's) metric is then the mean over every item, not the mean of the micro-batches' means."""
+    base = make_lm_loss(False)
+    calls = {"n": 0}
+
+    def per_item(model, batch):
+        calls["n"] += 1
+        items = 1 if calls["n"] % 2 else 3  # micro-batches of 1 and 3 items, with means 0 and 1
+        out = base(model, batch)
+        return LossOutput(out.loss_sum, out.count, out.units, {"hit": float(items == 3)}, metrics_weight=items)
+
+    make_trainer(tmp_path, per_item, steps=2, accum=2).fit()
+    assert [r["hit"] for r in read_metrics(tmp_path)] == [0.75, 0.75]  # 3 of 4 items, not (0 + 1) / 2
+    assert read_metrics(tmp_path, "valid")[-1]["hit"] == 0.75

@@ -190,7 +190,7 @@ def _convert(args: argparse.Namespace) -> int:
     from longboat.recipes import convert
 
     _load_plugins(args)
-    if args.direction == "hf-to-longboat":
+    if args.direction in ("hf-to-longboat", "diffusers-to-longboat"):  # one path: the directory says its format
         out = convert.hf_to_longboat(args.source, args.output, args.dtype, args.overwrite)
     else:
         out = convert.longboat_to_hf(args.source, args.output, args.family, args.dtype, args.max_shard_size,
@@ -218,7 +218,8 @@ def _serve(args: argparse.Namespace) -> int:
     if (args.path is None) == (args.random_policy is None):
         raise ConfigError("serve: give exactly one of a policy export (PATH) and --random-policy")
     fields = {"host": args.host, "port": args.port, "batch_window_ms": args.batch_window_ms,
-              "max_batch": args.max_batch, "max_message_bytes": args.max_message_bytes,
+              "max_batch": args.max_batch, "deterministic": args.deterministic,
+              "max_message_bytes": args.max_message_bytes,
               "api_key": os.environ.get("LONGBOAT_API_KEY") or None}
     cfg = validate(ServerConfig, fields, "serve")
     check_host(cfg.host)
@@ -371,9 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="run_dir/checkpoints/step_N, or a run directory")
     v.set_defaults(func=_checkpoint_verify)
 
-    p = sub.add_parser("convert", help="convert a Hugging Face checkpoint to a longboat export, or back")
-    p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf"])
-    p.add_argument("source", help="HF directory (hf-to-longboat); export, run dir or checkpoint (longboat-to-hf)")
+    p = sub.add_parser("convert", help="convert a Hugging Face (transformers or diffusers) checkpoint to a longboat "
+                                       "export, or back")
+    p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf", "diffusers-to-longboat",
+                                         "longboat-to-diffusers"])
+    p.add_argument("source", help="HF directory, or a diffusers model's (its transformer/ folder) (...-to-longboat); "
+                                  "export, run dir or checkpoint (longboat-to-...)")
     p.add_argument("output", help="directory to write")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weight dtype to write (default: keep the source's)")
@@ -403,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-window-ms", type=float, default=2.0,
                    help="how long a batch waits for more requests (0: one request at a time)")
     p.add_argument("--max-batch", type=int, default=32, help="most requests in one forward pass")
+    p.add_argument("--deterministic", action="store_true",
+                   help="each request in a forward pass of its own, so its actions never depend on which other "
+                        "requests arrive with it (batching off; bitwise reproducible evaluations)")
     p.add_argument("--max-message-bytes", type=int, default=32 << 20, help="larger requests are refused unread")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--threads", type=_at_least_one, default=None,

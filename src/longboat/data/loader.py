@@ -7,7 +7,8 @@ data-parallel ranks, as Megatron's pretraining sampler does. The samples come ei
 epoch is a permutation drawn from (seed, epoch), of which whole global batches are used; the remainder of an
 epoch that does not fill a global batch is dropped. A dataset whose ``epoch_run`` is above 1 (robot video: samples
 of neighbouring rows share frames to decode) gets permutations that keep runs of that many neighbouring rows
-together, in order: the runs are shuffled, and where they begin moves from epoch to epoch.
+together, in order: the runs are shuffled, and where they begin moves from epoch to epoch. A dataset with a
+``collate`` function builds its own batches (rows that carry a varying number of images).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class ResumableLoader:
         loader = DataLoader(
             self.dataset,
             batch_sampler=sampler,
+            collate_fn=getattr(self.dataset, "collate", None),  # a dataset's own, e.g. rows with their images
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=False,

@@ -17,6 +17,9 @@ class LossOutput:
     count: torch.Tensor | int  # items the sum is over (non-ignored tokens, samples, ...)
     units: int  # inputs processed, for throughput (tokens for LMs, samples for policies)
     metrics: dict[str, float] | None = None  # extra floats to log, averaged over the step's micro-batches (all ranks')
+    # The micro-batch's weight in that average (e.g. the pairs its per-pair means are over); None: every micro-batch
+    # weighs the same.
+    metrics_weight: float | None = None
 
 
 class LossFn(Protocol):

@@ -28,6 +28,8 @@ class ServeConfig(StrictModel):
     device: str | None = None
     batch_window_ms: float = Field(default=2.0, ge=0)
     max_batch: int = Field(default=32, gt=0)
+    deterministic: bool = Field(default=False, description="each request in a forward pass of its own: an "
+                                "evaluation run twice gives the same episodes, whatever requests meet in a batch")
     threads: int | None = Field(default=None, gt=0)
     startup_timeout_s: float = Field(default=120.0, gt=0)
     plugins: list[str] = Field(default_factory=list, description="modules or .py files the server imports to "

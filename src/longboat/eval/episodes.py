@@ -17,7 +17,7 @@ from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from queue import Queue
-from typing import Iterator
+from typing import Collection, Iterator
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, fl
     return np.asarray(reply["actions"]), latency, float(reply.get("policy_timing", {}).get("infer_ms", 0.0))
 
 
-def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], video_seeds: set[int],
+def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], video_seeds: Collection[int],
                  clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
                  timing: Timing, interrupt: threading.Event | None = None) -> Iterator[FinishedEpisode]:
     """Run the episodes of ``task`` with ``seeds`` on ``min(num_envs, len(seeds))`` envs, one client and one pool
@@ -117,7 +117,7 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
 _LANE_DONE = object()
 
 
-def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: set[int],
+def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: Collection[int],
            clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
            timing: Timing, stops: tuple[threading.Event, ...]) -> Iterator[FinishedEpisode]:
     """One lane (an env, its client and its own loop on a pool thread) per client, all drawing episodes from
@@ -158,7 +158,7 @@ def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds
             timing.steps += t.steps
 
 
-def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: set[int],
+def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: Collection[int],
           clients: list[PolicyClient], pool: Executor | None, mode: str, replan: int, n_obs: int, timing: Timing,
           stops: tuple[threading.Event, ...] = ()) -> Iterator[FinishedEpisode]:
     """Episodes from ``queue`` on a vector env of ``len(clients)`` envs stepping together, until the queue is empty

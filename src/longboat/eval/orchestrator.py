@@ -190,21 +190,25 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                 done = sum(t.episodes for t in tallies.values())
                 bar = stack.enter_context(RecordProgress(progress, len(cfg.tasks) * len(seeds), completed=done))
 
+                quotas = {t: VideoQuota(cfg.videos_per_task, seeds, [e for e in results.episodes if e["task"] == t])
+                          for t in cfg.tasks}
+
                 def record(finished: FinishedEpisode) -> None:
-                    episode = _save(out, finished)
+                    episode = _save(out, finished, quotas[finished.result["task"]])
                     results.append(episode)
                     _advance(bar, tallies[episode["task"]], episode)
 
-                video = set(seeds[:cfg.videos_per_task])
                 if cfg.backend == "ray":
                     from longboat.eval.ray_backend import run_on_ray
 
+                    # Ray's workers take the seeds to film once: the first ones, as many as the quota.
+                    video = set(seeds[:cfg.videos_per_task])
                     run_on_ray(cfg, runner, todo, video, url, replan, n_obs, record, results.done, timing)
                 else:
                     pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
                     stack.enter_context(ctrl_c_sets(interrupted))  # the envs stop between steps
                     for task, task_seeds in todo.items():
-                        for finished in run_episodes(cfg, runner, task, task_seeds, video, clients, pool, replan,
+                        for finished in run_episodes(cfg, runner, task, task_seeds, quotas[task], clients, pool, replan,
                                                      n_obs, timing, interrupted):
                             record(finished)
                         if interrupted.is_set():
@@ -232,10 +236,49 @@ def _advance(bar: RecordProgress, tally: _Tally, episode: dict) -> None:
     bar.advance(tally)
 
 
-def _save(out: Path, finished: FinishedEpisode) -> dict:
-    """The episode's results line, its video written first when it was recorded on video."""
+class VideoQuota:
+    """Which of a task's episodes are filmed: every one, until ``per_outcome`` failures and ``per_outcome`` successes
+    have videos (failures are what a report is opened for, and which episodes fail is known only at their end).
+    Counts the videos already in the results, so a resumed run keeps filling the same quota. Thread-safe: env lanes
+    read it at each reset while episodes finish."""
+
+    def __init__(self, per_outcome: int, seeds: list[int], done: list[dict]):
+        self.per_outcome = per_outcome
+        self._seeds = set(seeds) if per_outcome > 0 else set()
+        self._filmed = {True: 0, False: 0}
+        self._lock = threading.Lock()
+        for e in done:
+            if e.get("video"):
+                self._filmed[bool(e["success"])] += 1
+        self._close_if_full()
+
+    def __contains__(self, seed: object) -> bool:
+        with self._lock:
+            return seed in self._seeds
+
+    def __iter__(self):
+        with self._lock:
+            return iter(sorted(self._seeds))
+
+    def keep(self, success: bool) -> bool:
+        """Whether a filmed episode with this outcome gets its video (counted when it does)."""
+        with self._lock:
+            if self._filmed[success] >= self.per_outcome:
+                return False
+            self._filmed[success] += 1
+        self._close_if_full()
+        return True
+
+    def _close_if_full(self) -> None:
+        if all(n >= self.per_outcome for n in self._filmed.values()):
+            with self._lock:
+                self._seeds = set()
+
+
+def _save(out: Path, finished: FinishedEpisode, quota: VideoQuota | None = None) -> dict:
+    """The episode's results line, its video written first when it was filmed and its outcome's quota has room."""
     episode = finished.result
-    if finished.frames:
+    if finished.frames and (quota is None or quota.keep(bool(episode["success"]))):
         from longboat.eval.report import write_video
 
         episode["video"] = f"{VIDEO_DIR}/{episode['task']}/seed{episode['seed']}.mp4"
@@ -255,6 +298,7 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []
     args += ["--verbose"] if s.verbose else []
+    args += ["--deterministic"] if s.deterministic else []
     args += [arg for plugin in s.plugins for arg in ("--plugin", plugin)]
     manager = stack.enter_context(ServerManager(args, out / "server.log", host=s.host,
                                                 startup_timeout_s=s.startup_timeout_s))

@@ -1,5 +1,6 @@
 """``report.html``: success per task with Wilson 95% whiskers, a histogram of request latencies and the episode
-videos, as one self-contained page (inline SVG; the videos are mp4 files beside it)."""
+videos, failures first with their reason, as one self-contained page (inline SVG; the videos are mp4 files beside
+it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from longboat.utils.outputs import replace_file
 
 REPORT_FILE = "report.html"
 _W, _BAR_H = 640, 28
+_CHAR_W = 7.5  # an upper bound on a 12 px sans-serif character's advance, to keep every label inside the chart
 
 
 def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
@@ -25,7 +27,13 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
 
 
 def _success_chart(rows: list[tuple[str, dict]]) -> str:
-    left, width = 180, _W - 220
+    # Room for the longest task name on the left (long ones are cut, the full name in a tooltip) and the longest
+    # "successes/episodes" on the right, so no label leaves the picture.
+    names = [(n if len(n) <= 40 else n[:39] + "…") for n, _ in rows]
+    counts = [f"{g['successes']}/{g['episodes']}" for _, g in rows]
+    left = 12 + _CHAR_W * max(len(n) for n in names)
+    right = 12 + _CHAR_W * max(len(c) for c in counts)
+    width = _W - left - right
     height = _BAR_H * len(rows) + 30
     parts = [f'<svg width="{_W}" height="{height}" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" '
              f'font-size="12">']
@@ -33,17 +41,18 @@ def _success_chart(rows: list[tuple[str, dict]]) -> str:
         x = left + tick * width
         parts.append(f'<line x1="{x}" y1="0" x2="{x}" y2="{height - 20}" stroke="#ddd"/>'
                      f'<text x="{x}" y="{height - 5}" text-anchor="middle">{tick:.0%}</text>')
-    for i, (name, g) in enumerate(rows):
+    for i, ((name, g), shown, count) in enumerate(zip(rows, names, counts)):
         y = i * _BAR_H + 4
         low, high = g["ci95"]
-        parts.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end">{html.escape(name)}</text>'
+        tooltip = f"<title>{html.escape(name)}</title>" if shown != name else ""
+        parts.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end">{html.escape(shown)}{tooltip}</text>'
                      f'<rect x="{left}" y="{y}" width="{g["success_rate"] * width:.1f}" height="{_BAR_H - 8}" '
                      f'fill="{"#555" if name == "overall" else "#4c78a8"}"/>'
                      f'<line x1="{left + low * width:.1f}" x2="{left + high * width:.1f}" y1="{y + 10}" y2="{y + 10}" '
                      f'stroke="#e45756" stroke-width="2"/>'
                      + "".join(f'<line x1="{left + v * width:.1f}" x2="{left + v * width:.1f}" y1="{y + 4}" '
                                f'y2="{y + 16}" stroke="#e45756" stroke-width="2"/>' for v in (low, high))
-                     + f'<text x="{left + width + 6}" y="{y + 15}">{g["successes"]}/{g["episodes"]}</text>')
+                     + f'<text x="{left + width + 6}" y="{y + 15}">{count}</text>')
     return "".join(parts) + "</svg>"
 
 
@@ -78,19 +87,25 @@ def _table(summary: dict) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _clip(e: dict) -> str:
+    outcome = "success" if e["success"] else f"failure: {e['failure'] or 'not solved'}"
+    return (f'<figure class="{"success" if e["success"] else "failure"}"><video src="{html.escape(e["video"])}" '
+            f'controls loop muted width="256"></video><figcaption>seed {e["seed"]}: {html.escape(outcome)}, '
+            f'{e["length"]} steps</figcaption></figure>')
+
+
 def write_report(directory: Path, summary: dict, episodes: list[dict]) -> Path:
     rows = [*summary["tasks"].items(), ("overall", summary["overall"])]
     videos = []
     for task in summary["tasks"]:
-        clips = [e for e in episodes if e["task"] == task and e.get("video")]
+        clips = sorted((e for e in episodes if e["task"] == task and e.get("video")),
+                       key=lambda e: (bool(e["success"]), e["seed"]))  # failures first
         if clips:
-            videos.append(f"<h3>{html.escape(task)}</h3>" + "".join(
-                f'<figure><video src="{html.escape(e["video"])}" controls loop muted width="256"></video>'
-                f'<figcaption>seed {e["seed"]}: {"success" if e["success"] else e["failure"]}, '
-                f'{e["length"]} steps</figcaption></figure>' for e in clips))
+            videos.append(f"<h3>{html.escape(task)}</h3>" + "".join(_clip(e) for e in clips))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>longboat eval</title><style>
 body{{font-family:sans-serif;margin:2em;max-width:60em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} figure{{display:inline-block;margin:0 1em 1em 0}}
+figure.failure figcaption{{color:#b22}} figcaption{{max-width:256px}}
 </style></head><body><h1>{html.escape(summary.get("benchmark", ""))}: {html.escape(str(summary.get("policy", "")))}</h1>
 <h2>Success (bars) with Wilson 95% intervals (whiskers)</h2>{_success_chart(rows)}
 {_table(summary)}

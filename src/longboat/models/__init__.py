@@ -6,6 +6,7 @@ from longboat.config.base import validate
 from longboat.models import diffusion  # noqa: F401  (registers "dit")
 from longboat.models import llm  # noqa: F401  (registers "decoder")
 from longboat.models import policy  # noqa: F401  (registers the robot policies)
+from longboat.models import vlm  # noqa: F401  (registers "vlm")
 from longboat.models.registry import ModelSpec, get_model, hf_spec, model_names, register_model, spec_of
 
 __all__ = ["ModelSpec", "build_model", "get_model", "hf_spec", "model_names", "register_model", "spec_of"]

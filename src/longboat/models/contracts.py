@@ -1,6 +1,7 @@
 """What the engine asks of a model beyond ``forward``, declared by its ``ModelSpec.hooks``: the auxiliary losses of
 the last forward, a hook after each optimizer step, which modules are expert sets and how they are sharded, extra
-inputs from the batch; and the language-model contract the LM tasks require of a model's config."""
+inputs from the batch; the language-model contract the LM tasks require of a model's config, and what a model that reads
+images among its tokens offers the data (``image_reader``)."""
 
 from __future__ import annotations
 
@@ -38,13 +39,17 @@ class ModelHooks:
     reports), or None when that forward added none; ``after_optimizer_step(model, dp_group)``: run after every
     optimizer step, outside the gradient; ``experts``: the expert sets expert and tensor parallelism shard;
     ``model_inputs(batch)``: keyword inputs the model takes from the batch besides those the task passes (the LM
-    tasks pass ``tokens`` and, when the data has them, ``positions`` and ``segments``).
+    tasks pass ``tokens`` and, when the data has them, ``positions`` and ``segments``); ``output_head(model)``: a
+    language model's last hidden states and its output head apart, ``(hidden(tokens, positions) -> [B, T, d],
+    weight [vocab, d])``, so a caller that needs the logits of a few positions (scoring answers) computes only
+    those instead of [B, T, vocab].
     """
 
     aux: Callable[[nn.Module], dict | None] | None = None
     after_optimizer_step: Callable[[nn.Module, Any], None] | None = None
     experts: ExpertSets | None = None
     model_inputs: Callable[[dict], dict] | None = None
+    output_head: Callable[[nn.Module], tuple[Callable, Any]] | None = None
 
 
 NO_HOOKS = ModelHooks()
@@ -56,6 +61,25 @@ LANGUAGE_MODEL_FIELDS = {
     "max_seq_len": "the context length (data.seq_len must not exceed it)",
     "flops_per_token": "flops_per_token(seq_len): training FLOPs per token",
 }
+
+
+@dataclass(frozen=True)
+class ImageReader:
+    """What a model that reads images among its tokens tells the data: the token id its images' placeholders carry,
+    the preprocessing (a ``data.images.processors.ImageProcessor``: tokens per image, pixels), and the training FLOPs
+    an image token costs beyond a text token (the tower and projector)."""
+
+    image_token_id: int
+    processor: Any
+    flops_per_image_token: int
+
+
+def image_reader(cfg: Any) -> ImageReader | None:
+    """The ``ImageReader`` of a model config with ``image_token_id``, ``image_processor()`` and
+    ``flops_per_image_token()``; None for a text-only model."""
+    if not callable(getattr(cfg, "image_processor", None)) or not isinstance(getattr(cfg, "image_token_id", None), int):
+        return None
+    return ImageReader(cfg.image_token_id, cfg.image_processor(), cfg.flops_per_image_token())
 
 
 def require_language_model(cfg: Any, task: str) -> Any:

@@ -161,12 +161,15 @@ def hooks_for_config(cfg: Any) -> ModelHooks:
 
 
 def hf_spec(hf_dir: str | Path) -> ModelSpec:
-    """The spec that reads the Hugging Face directory ``hf_dir`` (by its config.json ``model_type``)."""
+    """The spec that reads the Hugging Face directory ``hf_dir`` (by its config.json ``model_type``, or a diffusers
+    model's ``_class_name``)."""
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{hf_dir}: not a Hugging Face checkpoint (no config.json)")
     try:
-        model_type = json.loads(path.read_text()).get("model_type")
+        config = json.loads(path.read_text())
+        # transformers names the family in model_type, diffusers names the model class in _class_name.
+        model_type = config.get("model_type") or config.get("_class_name")
     except (OSError, ValueError, AttributeError) as e:
         raise ConfigError(f"{path}: cannot read a Hugging Face config: {e}") from None
     readers = {f: spec for spec in _MODELS.values() if spec.hf is not None for f in spec.hf.families()}

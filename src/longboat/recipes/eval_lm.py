@@ -31,6 +31,7 @@ from pydantic import Field
 from longboat.config.base import ConfigError, StrictModel
 from longboat.errors import LongboatError
 from longboat.models.llm.generation import generate
+from longboat.models.registry import hooks_of
 from longboat.recipes.generate import LoadedModel, check_messages, load_for_inference, until_stop
 from longboat.utils.json_files import parse_json
 from longboat.utils.logging import console
@@ -153,10 +154,21 @@ def choice_requests(loaded: LoadedModel, row: Row, chat: bool, delimiter: str) -
     return requests
 
 
+SCORED_TOKENS_PER_CHUNK = 256  # logits [chunk, vocab] at a time: 150 MB in fp32 at a 150k vocabulary
+
+
 @torch.inference_mode()
 def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
                   advance=lambda items, tokens: None) -> list[float]:
-    """The summed log-probability of each request's continuation, in request order; right-padded batches."""
+    """The summed log-probability of each request's continuation, in request order; right-padded batches.
+
+    A model that declares its output head (``ModelHooks.output_head``) is scored from its hidden states at the
+    continuation positions only, a few hundred at a time: the [batch, length, vocabulary] logits of a whole batch
+    (gigabytes at a 150k vocabulary) never exist. Other models give their full logits.
+    """
+    split = hooks_of(model).output_head
+    if split is not None:
+        return _score_from_hidden(*split(model), model, requests, batch_size, advance)
     device = next(model.parameters()).device
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
     scores = [0.0] * len(requests)
@@ -174,6 +186,39 @@ def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
             logprobs = logits[r, start - 1:len(ids) - 1].float().log_softmax(-1)
             target = tokens[r, start:len(ids)]
             scores[order[b + r]] = logprobs.gather(-1, target[:, None]).sum().item()
+        advance(len(batch), sum(len(ids) for ids, _ in batch))
+    return scores
+
+
+def _score_from_hidden(hidden, head: torch.Tensor, model, requests: list[tuple[list[int], int]], batch_size: int,
+                       advance) -> list[float]:
+    device = head.device
+    order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
+    scores = [0.0] * len(requests)
+    for b in range(0, len(order), batch_size):
+        batch = [requests[i] for i in order[b:b + batch_size]]
+        T = max(len(ids) for ids, _ in batch)
+        tokens = torch.zeros(len(batch), T, dtype=torch.long)
+        rows, cols, owner = [], [], []
+        for r, (ids, start) in enumerate(batch):
+            tokens[r, :len(ids)] = torch.tensor(ids)
+            # The state at position t predicts token t + 1.
+            rows += [r] * (len(ids) - start)
+            cols += range(start - 1, len(ids) - 1)
+            owner += [r] * (len(ids) - start)
+        tokens = tokens.to(device)
+        h = hidden(tokens, torch.arange(T, device=device).expand(len(batch), T))
+        rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+        states, targets = h[rows_t, cols_t], tokens[rows_t, cols_t + 1]
+        token_logps = torch.empty(len(rows), dtype=torch.float32, device=device)
+        for s in range(0, len(rows), SCORED_TOKENS_PER_CHUNK):
+            logits = torch.nn.functional.linear(states[s:s + SCORED_TOKENS_PER_CHUNK], head).float()
+            picked = logits.gather(-1, targets[s:s + SCORED_TOKENS_PER_CHUNK, None])[:, 0]
+            token_logps[s:s + SCORED_TOKENS_PER_CHUNK] = picked - logits.logsumexp(-1)
+        sums = torch.zeros(len(batch), dtype=torch.float32, device=device).index_add_(
+            0, torch.tensor(owner, device=device), token_logps)
+        for r, total in enumerate(sums.tolist()):
+            scores[order[b + r]] = total
         advance(len(batch), sum(len(ids) for ids, _ in batch))
     return scores
 

@@ -79,7 +79,7 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
 
     with _local_rank_zero_first(runtime):
         data = task.build(resolved.model, cfg.train, cfg.seed, dp.size)
-    model = build_model(resolved, "meta") if cfg.parallel.meta_init else build_model(resolved).to(runtime.device)
+    model = _built(resolved, runtime)
     n_params = sum(p.numel() for p in model.parameters())
     groups = trainable_groups(resolved, model)
     n_frozen = freeze_outside(model, groups)
@@ -111,6 +111,9 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
         cfg.train, cfg.checkpoint, run_dir, model, data.loss_fn, data.train, data.valid,
         flops_per_unit=task.flops_per_unit(resolved.model), dp=dp, device=runtime.device, hooks=task,
         param_groups=groups, seed=cfg.seed, pipeline=pipeline,
+        replica=None if pipeline is not None else lambda: parallelize(
+            _built(resolved, runtime), mesh, cfg.parallel, checked.tp_plan, runtime.device, spec.parallel_units,
+            spec.forward_methods),
     )
     result = trainer.fit()
     if (cfg.checkpoint.export or cfg.checkpoint.export_hf) and not result.stopped_by_signal:
@@ -118,6 +121,13 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
             _export(model, resolved, runtime, checked.hf_family, ema=trainer.ema is not None,
                     mesh=mesh if pipeline is not None else None)
     return result
+
+
+def _built(resolved: ResolvedRun, runtime: Runtime) -> torch.nn.Module:
+    """The plain model with its transforms, on the meta device when parallelize materialises it."""
+    if resolved.cfg.parallel.meta_init:
+        return build_model(resolved, "meta")
+    return build_model(resolved).to(runtime.device)
 
 
 def _count(n: int) -> str:

@@ -49,6 +49,8 @@ class ServerConfig(StrictModel):
     port: int = Field(default=8000, ge=0, le=65535, description="0: any free port")
     batch_window_ms: float = Field(default=2.0, ge=0, description="how long a batch waits for more requests; 0: off")
     max_batch: int = Field(default=32, gt=0)
+    deterministic: bool = Field(default=False, description="each request in a forward pass of its own: its actions "
+                                "never depend on which requests arrive with it (batching off)")
     max_message_bytes: int = Field(default=32 << 20, gt=0, description="larger frames are refused unread")
     api_key: str | None = Field(default=None, description="required as 'Authorization: Api-Key <key>' when set")
 
@@ -89,8 +91,9 @@ class PolicyServer:
                 raise bind_error(self.cfg.host, self.cfg.port, e) from None
             async with listening as server:
                 port = _bound_port(server)
-                log.info("serving on ws://%s:%d (pid %d, batch window %g ms, max batch %d)", self.cfg.host, port,
-                         os.getpid(), self.cfg.batch_window_ms, self.cfg.max_batch)
+                batching = ("deterministic: one request per forward pass" if self.cfg.deterministic else
+                            f"batch window {self.cfg.batch_window_ms:g} ms, max batch {self.cfg.max_batch}")
+                log.info("serving on ws://%s:%d (pid %d, %s)", self.cfg.host, port, os.getpid(), batching)
                 if ready is not None:
                     ready.set_result(port)
                 await (stop.wait() if stop is not None else asyncio.Future())
@@ -149,7 +152,9 @@ class PolicyServer:
     def _work(self, loop: asyncio.AbstractEventLoop) -> None:
         """The worker thread: take a request, gather a batch within the window, infer, hand the results back to
         the event loop in one call. Batching here rather than on the loop saves a request a hop between tasks."""
-        window = self.cfg.batch_window_ms / 1000
+        # Deterministic: a forward of one. A batched forward's row may differ in its last bits with the batch's size
+        # and the row's place in it (matmul blocking), so served alone is the only way to be bitwise reproducible.
+        window = 0.0 if self.cfg.deterministic else self.cfg.batch_window_ms / 1000
         while (first := self._requests.get()) is not None:
             batch, deadline = [first], time.monotonic() + window
             while window > 0 and len(batch) < min(self.cfg.max_batch, self._connections):

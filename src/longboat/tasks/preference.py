@@ -10,6 +10,9 @@ The reference the losses compare against is the model the run starts from:
   the training and validation rows; a resumed run reads them back. No reference model is held during training.
 - ``adapters_off``: with a ``lora:`` section, the same model with its adapters switched off, run under no_grad in
   each step: no copy at all.
+- ``copy``: a frozen copy of the starting model, built and sharded as the trained one is, run under no_grad in each
+  step. The starting weights are kept in ``<run_dir>/reference/`` (a DCP checkpoint), so a resumed run rebuilds the
+  same reference.
 SimPO needs no reference.
 """
 
@@ -28,6 +31,7 @@ from pydantic import Field, field_validator, model_validator
 from safetensors.torch import load as load_safetensors, save as save_safetensors
 from torch import nn
 
+from longboat.checkpoint.dcp import CheckpointManager, ModelOptimizerState, load_model_weights
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.chat.builtin import resolve_chat_template
 from longboat.data.chat.pairs import EncodedPair, PairRows, encode_pairs, fit_pair, pack_pairs, read_pairs
@@ -46,6 +50,7 @@ from longboat.utils.logging import console
 from longboat.utils.outputs import replace_file
 
 REFERENCE_FILE = "reference_logps.safetensors"
+REFERENCE_DIR = "reference"  # the starting weights of ``reference: copy``
 
 
 class PreferenceDataConfig(StrictModel):
@@ -63,7 +68,7 @@ class PreferenceDataConfig(StrictModel):
     label_smoothing: float = Field(default=0.0, ge=0, lt=0.5, description="robust and simpo: flipped-label rate")
     simpo_gamma: float = Field(default=0.5, ge=0, description="simpo: the target reward margin γ")
     sft_weight: float = Field(default=0.0, ge=0, description="weight of the chosen answer's NLL added to each pair")
-    reference: Literal["precompute", "adapters_off", "none"] = "precompute"
+    reference: Literal["precompute", "adapters_off", "copy", "none"] = "precompute"
 
     @field_validator("sources", "valid_sources", mode="before")
     @classmethod
@@ -75,8 +80,8 @@ class PreferenceDataConfig(StrictModel):
         if self.loss in REFERENCE_FREE and self.reference != "none":
             self.reference = "none"  # SimPO compares the policy's own answers: there is nothing to compute
         elif self.loss not in REFERENCE_FREE and self.reference == "none":
-            raise ValueError(f"loss {self.loss} compares against a reference: set reference to precompute or "
-                             "adapters_off (or use loss: simpo, which needs none)")
+            raise ValueError(f"loss {self.loss} compares against a reference: set reference to precompute, "
+                             "adapters_off or copy (or use loss: simpo, which needs none)")
         return self
 
 
@@ -94,6 +99,7 @@ class Preference(Task):
         self._fingerprint: torch.Tensor | None = None
         self._micro_batch = 1
         self.reference_logps: torch.Tensor | None = None  # [train pairs + valid pairs, 2] with ``precompute``
+        self.reference_model: nn.Module | None = None  # the frozen copy, with ``copy``
 
     def check(self, model_cfg) -> None:
         data: PreferenceDataConfig = self.data
@@ -164,7 +170,14 @@ class Preference(Task):
             return None
         if mode == "adapters_off":
             return _adapters_off_reference
+        if mode == "copy":
+            return self._copy_reference
         return self._precomputed_reference
+
+    def _copy_reference(self, model: nn.Module, batch: dict, policy: PairLogps) -> torch.Tensor:
+        if self.reference_model is None:
+            raise RuntimeError("the reference copy was not built before training")
+        return _live_reference(self.reference_model, batch)
 
     def _precomputed_reference(self, model: nn.Module, batch: dict, policy: PairLogps) -> torch.Tensor:
         if self.reference_logps is None:
@@ -172,7 +185,11 @@ class Preference(Task):
         table = self.reference_logps.to(policy.chosen.device)
         return table[policy.ids]
 
-    def before_training(self, model: nn.Module, run_dir: Path, device: torch.device, dp, resumed: bool) -> None:
+    def before_training(self, model: nn.Module, run_dir: Path, device: torch.device, dp, resumed: bool,
+                        replica=None) -> None:
+        if self.data.reference == "copy":
+            self.reference_model = _frozen_copy(model, Path(run_dir) / REFERENCE_DIR, resumed, replica)
+            return
         if self.data.reference == "adapters_off":
             with adapters_disabled(unwrap(model)) as n:
                 if n == 0:
@@ -226,10 +243,40 @@ class Preference(Task):
 
 def _adapters_off_reference(model: nn.Module, batch: dict, policy: PairLogps) -> torch.Tensor:
     """The base model's log-probabilities: the same weights with every LoRA adapter switched off."""
-    inputs = {"positions": batch["position_ids"], "segments": batch["segments"]}
-    with torch.no_grad(), adapters_disabled(unwrap(model)):
-        reference = pair_logps(model(batch["tokens"], **inputs), batch)
+    with adapters_disabled(unwrap(model)):
+        return _live_reference(model, batch)
+
+
+@torch.no_grad()
+def _live_reference(model: nn.Module, batch: dict) -> torch.Tensor:
+    """[pairs, 2]: the chosen and rejected answers' summed log-probabilities under ``model``, without gradients."""
+    logits = model(batch["tokens"], positions=batch["position_ids"], segments=batch["segments"])
+    reference = pair_logps(logits, batch)
     return torch.stack([reference.chosen, reference.rejected], dim=1)
+
+
+def _frozen_copy(model: nn.Module, directory: Path, resumed: bool, replica) -> nn.Module:
+    """A copy of the starting model, sharded as ``model`` is, frozen and in eval mode.
+
+    A new run first writes its starting weights to ``directory`` (a DCP checkpoint, each rank its shards); the copy
+    is always read from there, so a resumed run, whose model holds later weights, gets the same reference.
+    """
+    if replica is None:
+        raise ConfigError("data.reference: copy needs the model built a second time, which pipeline stages "
+                          "(parallel.pp > 1) do not allow; use reference: precompute")
+    saved = CheckpointManager(directory, keep=1)
+    if not resumed:
+        saved.save(0, {"train": ModelOptimizerState(model, None)})
+    start = saved.latest()
+    if start is None:
+        raise ConfigError(f"{directory}: the starting weights of the reference copy are missing, and a resumed run "
+                          "no longer holds them; start the run afresh (another run_dir or checkpoint.resume=false)")
+    copy = replica()
+    load_model_weights(start, copy)
+    for p in copy.parameters():
+        p.requires_grad_(False)
+    console.print(f"reference: a frozen copy of the starting weights ({start})")
+    return copy.eval()
 
 
 @torch.no_grad()

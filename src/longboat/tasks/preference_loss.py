@@ -124,4 +124,5 @@ class PreferenceLoss:
         if aux is not None:  # e.g. MoE routers' balance losses, weighted per pair as the LM loss weighs per token
             loss_sum = loss_sum + aux["loss"] * len(policy.ids)
             metrics["aux_loss"] = aux["loss"].detach()
-        return LossOutput(loss_sum, len(policy.ids), len(policy.ids), metrics)
+        # The metrics are per-pair means: weighted by the pairs, a step's metric is the mean over all its pairs.
+        return LossOutput(loss_sum, len(policy.ids), len(policy.ids), metrics, metrics_weight=len(policy.ids))

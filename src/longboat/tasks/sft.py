@@ -3,6 +3,9 @@
 Sources are read, normalised and checked for malformed rows; each conversation is rendered with the chat template
 and tokenized with labels on the assistant turns (``data/chat/supervision.py``); samples longer than ``seq_len``
 are dropped or truncated; the rest are packed into rows (or padded one per row) once, and read in epochs.
+For a model that reads images (``models.contracts.image_reader``), conversations carry images: each placeholder
+becomes the image's tokens, truncation never cuts through an image, and rows carry their images' pixels and slots
+(``data/chat/images.py``).
 
 Mixing: a source of ``n`` conversations with ``weight: w`` contributes ``round(w * n)`` of them to the training
 set: ``w >= 1`` repeats every conversation ``floor(w)`` times and draws the remainder without replacement,
@@ -13,6 +16,7 @@ source's conversations (seeded, before weighting); ``valid_sources`` are held ou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -27,11 +31,12 @@ from pydantic import Field, field_validator
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.chat.builtin import resolve_chat_template
+from longboat.data.chat.images import expand_images, image_rows, read_image_conversations
 from longboat.data.chat.packing import ChatRows, pack, pad
 from longboat.data.chat.sources import Format, check_malformed, check_source, read_conversations
 from longboat.data.chat.supervision import ChatSupervisor, Sample
 from longboat.data.tokenizer import CHAT_TEMPLATE_FILE, CONFIG_FILE, Tokenizer
-from longboat.models.contracts import require_language_model
+from longboat.models.contracts import image_reader, require_language_model
 from longboat.models.registry import hooks_for_config
 from longboat.tasks.base import Task, TaskData, register_task
 from longboat.tasks.lm_loss import make_lm_loss
@@ -60,6 +65,8 @@ class SFTDataConfig(StrictModel):
     truncation: Literal["drop", "truncate"] = "drop"
     history_rewrite: Literal["per_turn", "error"] = "per_turn"
     max_malformed_fraction: float = Field(default=0.01, ge=0, le=1)
+    image_token: str = Field(default="<image>", description="an image's placeholder in the text (a model that reads "
+                                                            "images): one token of the tokenizer, its image_token_id")
 
     @field_validator("sources", "valid_sources", mode="before")
     @classmethod
@@ -85,6 +92,7 @@ class SFT(Task):
     def __init__(self, data: SFTDataConfig):
         super().__init__(data)
         self._fingerprint: torch.Tensor | None = None  # of the training rows, kept in checkpoints
+        self._image_flops = 0.0  # per token, from the share of image tokens in the training rows
 
     def check(self, model_cfg) -> None:
         data: SFTDataConfig = self.data
@@ -92,6 +100,11 @@ class SFT(Task):
         if _pad_id(tokenizer) is None:
             raise ConfigError(f"data.tokenizer: {data.tokenizer} names neither a pad nor an eos token to pad rows with")
         resolve_chat_template(tokenizer, data.chat_template)
+        images = image_reader(model_cfg)
+        if images is not None and tokenizer.encode(data.image_token) != [images.image_token_id]:
+            raise ConfigError(f"data.image_token: {data.image_token!r} is not the single token model.image_token_id="
+                              f"{images.image_token_id} in {data.tokenizer} (it encodes to "
+                              f"{tokenizer.encode(data.image_token)})")
         for key, sources in (("sources", data.sources), ("valid_sources", data.valid_sources)):
             for i, s in enumerate(sources):
                 try:
@@ -108,11 +121,19 @@ class SFT(Task):
         valid: list[Sample] = []
         counts: Counter = Counter()  # over each source's conversations once, before weighting
         encoding_s, n_conversations = 0.0, 0
+        images = image_reader(model_cfg)  # None for a model that reads no images
         for k, source in enumerate(data.sources + data.valid_sources):
-            conversations, report = read_conversations(source.path, source.format, source.split)
+            if images is None:
+                conversations, report = read_conversations(source.path, source.format, source.split)
+            else:
+                conversations, report = read_image_conversations(source.path, images.processor, data.image_token,
+                                                                 source.format, source.split)
             check_malformed(report, data.max_malformed_fraction)
             started = time.perf_counter()
             encoded, stats = supervisor.encode(conversations, source.path)
+            if images is not None:
+                encoded = [[expand_images(s, c.images, images.image_token_id) for s in samples]
+                           for c, samples in zip(conversations, encoded)]
             encoding_s += time.perf_counter() - started
             n_conversations += len(conversations)
             for i, why in stats.rejected.items():
@@ -138,6 +159,8 @@ class SFT(Task):
                               f"({counts['dropped (too long)']} dropped as too long, "
                               f"{counts['no supervised token']} with no supervised token)")
         layout = pack if data.packing else pad
+        if images is not None:
+            layout = functools.partial(image_rows, processor=images.processor, packing=data.packing)
         pad_id = _pad_id(tokenizer)
         train_rows = layout(train, data.seq_len, pad_id)
         valid_rows = layout(valid, data.seq_len, pad_id) if valid else None
@@ -145,6 +168,9 @@ class SFT(Task):
             raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
                               f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
         self._fingerprint = _fingerprint(train_rows)
+        if images is not None:  # what the tower adds to a token's FLOPs, on average over the training tokens
+            share = float((train_rows.tokens == images.image_token_id).mean())
+            self._image_flops = share * images.flops_per_image_token
         summary = {"train_samples": len(train), "train_rows": len(train_rows),
                    "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
                    "valid_rows": len(valid_rows) if valid_rows is not None else 0,
@@ -160,10 +186,14 @@ class SFT(Task):
         out = []
         for s in samples:
             if len(s) > seq_len:
-                counts["truncated" if truncate else "dropped (too long)"] += 1
                 if not truncate:
+                    counts["dropped (too long)"] += 1
                     continue
-                s = Sample(s.tokens[:seq_len], s.labels[:seq_len])
+                s = s.truncated(seq_len)
+                if s is None:
+                    counts["dropped (truncation through an image)"] += 1
+                    continue
+                counts["truncated"] += 1
             if not (s.labels >= 0).any():
                 counts["no supervised token"] += 1
                 continue
@@ -182,7 +212,7 @@ class SFT(Task):
                           "checkpoint's position in the new rows")
 
     def flops_per_unit(self, model_cfg) -> float | None:
-        return float(require_language_model(model_cfg, "sft").flops_per_token(self.data.seq_len))
+        return float(require_language_model(model_cfg, "sft").flops_per_token(self.data.seq_len)) + self._image_flops
 
     def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **metrics}

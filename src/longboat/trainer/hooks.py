@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -28,9 +28,11 @@ class TrainerHooks:
         """Restore what ``state_dict`` returned, when resuming."""
 
     def before_training(self, model: nn.Module, run_dir: Path, device: torch.device, dp: DataParallel,
-                        resumed: bool) -> None:
+                        resumed: bool, replica: Callable[[], nn.Module] | None = None) -> None:
         """Once the model holds its starting weights (or a resumed checkpoint's), before the first step; every rank
-        calls it, so it may run the (sharded) model, e.g. to precompute a frozen reference's outputs."""
+        calls it, so it may run the (sharded) model, e.g. to precompute a frozen reference's outputs.
+        ``replica()`` builds another model as the trained one was built and sharded (weights as initialised), e.g.
+        for a frozen copy; None where the run cannot make one (pipeline stages)."""
 
     def eval_metrics(self, loss: float, metrics: dict[str, float]) -> dict[str, float]:
         """Evaluation results from the mean loss and the mean of the loss function's metrics."""

@@ -17,7 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -98,6 +98,7 @@ class Trainer:
         param_groups: list[ParamGroup] | None = None,
         seed: int = 0,
         pipeline: Pipeline | None = None,
+        replica: Callable[[], nn.Module] | None = None,
     ):
         self.cfg, self.ckpt_cfg = cfg, checkpoint
         self.run_dir = Path(run_dir)
@@ -110,6 +111,7 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         # With pipeline parallelism ``model`` is this rank's stages and the pipeline runs every forward.
         self.pipeline = pipeline
+        self.replica = replica  # builds another model sharded like this one, for the hooks (a frozen reference)
         if pipeline is not None and cfg.eval_batches % cfg.grad_accum:
             raise TrainingError(f"train.eval_batches={cfg.eval_batches} must be a multiple of train.grad_accum="
                                 f"{cfg.grad_accum} with parallel.pp > 1: the pipeline evaluates a step's worth of "
@@ -220,21 +222,24 @@ class Trainer:
                 "in the dataset)"
             ) from None
 
-    def _pipelined(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, float]]:
+    def _pipelined(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, float], float | None]:
         batches = [_to_device(self._next_batch(), self.device) for _ in range(self.cfg.grad_accum)]
         with self._autocast:
             out = self.pipeline.train_step(batches)
         count = torch.tensor(float(out.count), dtype=torch.float64, device=self.device)
-        return out.loss_sum.to(self.device), count, out.units, dict(out.metrics or {})
+        return out.loss_sum.to(self.device), count, out.units, dict(out.metrics or {}), None
 
-    def _accumulate(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, float]]:
-        """Forward and backward of the step's micro-batches: (loss sum, count, units, metrics averaged)."""
+    def _accumulate(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, float], float | None]:
+        """Forward and backward of the step's micro-batches: (loss sum, count, units, metrics, their weight).
+        Without weights the metrics are averaged over the micro-batches (weight None); with them (``LossOutput.
+        metrics_weight``), they are weighted sums and the weight is the total."""
         if self.pipeline is not None:
             return self._pipelined()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         units = 0
         extra: dict[str, float] = {}
+        weight: float | None = None
         for i in range(self.cfg.grad_accum):
             batch = _to_device(self._next_batch(), self.device)
             with self._gradient_sync(i == self.cfg.grad_accum - 1):
@@ -244,18 +249,27 @@ class Trainer:
             loss_sum += out.loss_sum.detach().double()
             count += out.count
             units += out.units
+            if out.metrics_weight is not None:
+                weight = (weight or 0.0) + float(out.metrics_weight)
             for k, v in (out.metrics or {}).items():
-                extra[k] = extra.get(k, 0.0) + float(v) / self.cfg.grad_accum
-        return loss_sum, count, units, extra
+                if out.metrics_weight is None:
+                    extra[k] = extra.get(k, 0.0) + float(v) / self.cfg.grad_accum
+                else:
+                    extra[k] = extra.get(k, 0.0) + float(v) * float(out.metrics_weight)
+        return loss_sum, count, units, extra, weight
 
     def train_step(self) -> dict:
         self.model.train()
-        loss_sum, count, units, extra = self._accumulate()
-        # The task's metrics (e.g. MoE load) averaged over every micro-batch of the step, on all data-parallel ranks.
+        loss_sum, count, units, extra, weight = self._accumulate()
+        # The task's metrics (e.g. MoE load) averaged over every micro-batch of the step, on all data-parallel ranks
+        # (weighted by the micro-batches' own weights when the task gives them, e.g. per pair).
         names = sorted(extra)
-        totals = self._all_reduce(torch.tensor([float(loss_sum), float(count), *(extra[k] for k in names)],
-                                               dtype=torch.float64, device=self.device))
-        extra = {k: totals[2 + i].item() / self.dp.size for i, k in enumerate(names)}
+        totals = self._all_reduce(torch.tensor([float(loss_sum), float(count), weight or 0.0,
+                                                *(extra[k] for k in names)], dtype=torch.float64, device=self.device))
+        if weight is None:
+            extra = {k: totals[3 + i].item() / self.dp.size for i, k in enumerate(names)}
+        else:
+            extra = {k: totals[3 + i].item() / max(totals[2].item(), 1e-12) for i, k in enumerate(names)}
         global_count = max(totals[1].item(), 1.0)
         # Gradients hold the sum over this rank's items, averaged over replicas by DDP/FSDP; rescale them to
         # the mean over every item of the global batch.
@@ -332,9 +346,10 @@ class Trainer:
             for out, n in self._eval_outputs(loader):
                 loss_sum += out.loss_sum.double().to(self.device)
                 count += out.count
-                batches += n
+                w = n if out.metrics_weight is None else float(out.metrics_weight)  # micro-batches, or their weights
+                batches += w
                 for k, v in (out.metrics or {}).items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * n
+                    sums[k] = sums.get(k, 0.0) + float(v) * w
         names = sorted(sums)
         values = [loss_sum, count, torch.tensor(float(batches), dtype=torch.float64, device=self.device)]
         values += [torch.tensor(sums[k], dtype=torch.float64, device=self.device) for k in names]
@@ -380,7 +395,7 @@ class Trainer:
                           "its own defaults")
         self.model.to(self.device)
         resumed = self.resume() if self.ckpt_cfg.resume else False
-        self.hooks.before_training(self.model, self.run_dir, self.device, self.dp, resumed)
+        self.hooks.before_training(self.model, self.run_dir, self.device, self.dp, resumed, self.replica)
         previous_handlers = self._install_signal_handlers()
         rate_key = f"{self.hooks.unit}_per_s"
         log_keys = ("loss", "lr", "grad_norm", "epoch", rate_key, "mfu", "peak_mem_mb")

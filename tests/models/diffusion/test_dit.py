@@ -3,9 +3,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from longboat.config.base import ConfigError
-from longboat.distributed.parallelize import plan_entry_matches
 from longboat.models import build_model, get_model
 from longboat.models.diffusion import DiT, DiTConfig
+from longboat.models.diffusion.dit import xavier_as_linear
 
 SMALL = dict(image_size=8, in_channels=3, patch_size=2, hidden_size=32, depth=2, num_heads=4, num_classes=5)
 
@@ -117,13 +117,11 @@ def test_presets_build_and_flops_match_the_counter():
     assert cfg.flops_per_sample() == 3 * (counter.get_total_flops() + attention)
 
 
-def test_tensor_parallel_plan_names_real_modules():
-    spec = get_model("dit")
-    cfg = DiTConfig(**SMALL)
-    names = [n for n, _ in DiT(cfg).named_modules()]
-    plan = spec.tensor_parallel_plan(cfg, 2)
-    for pattern in plan:
-        assert sum(plan_entry_matches(n, pattern) for n in names) == cfg.depth, pattern
-    with pytest.raises(ConfigError, match="parallel.tp=3 must divide the model's num_heads"):
-        spec.tensor_parallel_plan(cfg, 3)
-    assert spec.parallel_units == ("blocks",) and spec.pipeline is None
+
+def test_patch_embedding_init_is_xavier_over_flattened_patches():
+    w, reference = torch.empty(64, 4, 2, 2), torch.empty(64, 16)
+    torch.manual_seed(0)
+    xavier_as_linear(w)
+    torch.manual_seed(0)
+    torch.nn.init.xavier_uniform_(reference)
+    torch.testing.assert_close(w.view(64, 16), reference)

@@ -85,6 +85,7 @@ class Conversation:
     messages: list[Message]
     row: int  # where it came from in its source, for messages about it
     tools: list[dict] | None = None  # the row's tool definitions, for the template
+    images: list = field(default_factory=list)  # the row's images in placeholder order (``data/chat/images.py``)
 
 
 def check_source(path: str | Path, split: str | None = None) -> None:

@@ -45,9 +45,16 @@ class Sample:
 
     tokens: np.ndarray  # int32 [L]
     labels: np.ndarray  # int32 [L], IGNORE_INDEX where unsupervised
+    images: list = field(default_factory=list)  # images whose tokens it holds, each with its ``offset``
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def truncated(self, n: int) -> Sample | None:
+        """The first ``n`` tokens with the images wholly inside them; None when the cut goes through an image."""
+        if any(image.offset < n < image.offset + image.tokens for image in self.images):
+            return None
+        return Sample(self.tokens[:n], self.labels[:n], [image for image in self.images if image.offset < n])
 
 
 @dataclass

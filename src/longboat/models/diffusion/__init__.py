@@ -1,6 +1,13 @@
-"""Diffusion networks over images and latents; importing this package registers the "dit" architecture."""
+"""Diffusion networks over images, latents and video; importing this package registers the "dit", "wan"
+and "autoencoder_kl" architectures."""
 
+from longboat.models.diffusion.diffusers_interop import DiffusersInterop
 from longboat.models.diffusion.dit import DiT, DiTConfig
+from longboat.models.diffusion.dit_diffusers import DIT_FORMAT
+from longboat.models.diffusion.vae import AutoencoderKL, VAEConfig
+from longboat.models.diffusion.vae_diffusers import VAE_FORMAT
+from longboat.models.diffusion.wan import Wan, WanConfig
+from longboat.models.diffusion.wan_diffusers import WAN_FORMAT
 from longboat.models.registry import ModelSpec, register_model
 
 
@@ -18,6 +25,21 @@ DIT_SPEC = register_model(ModelSpec(
     presets="longboat.models.diffusion",
     parallel_units=("blocks",),
     tensor_parallel=_tensor_parallel_plan,
+    hf=DiffusersInterop(DIT_FORMAT),
+))
+WAN_SPEC = register_model(ModelSpec(
+    name="wan",
+    config=WanConfig,
+    module=Wan,
+    parallel_units=("blocks",),
+    hf=DiffusersInterop(WAN_FORMAT),
+))
+VAE_SPEC = register_model(ModelSpec(
+    name="autoencoder_kl",
+    config=VAEConfig,
+    module=AutoencoderKL,
+    parallel_units=("encoder.down", "encoder.mid", "decoder.mid", "decoder.up"),
+    hf=DiffusersInterop(VAE_FORMAT),
 ))
 
-__all__ = ["DIT_SPEC", "DiT", "DiTConfig"]
+__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "VAE_SPEC", "AutoencoderKL", "VAEConfig", "WAN_SPEC", "Wan", "WanConfig"]

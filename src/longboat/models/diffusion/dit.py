@@ -130,6 +130,14 @@ def timestep_sinusoid(steps: torch.Tensor, dim: int, freq_shift: float, max_peri
     return torch.cat([args.cos(), args.sin()], dim=-1)
 
 
+def xavier_as_linear(weight: torch.Tensor) -> None:
+    """Xavier-uniform init of a patch convolution's weight [out, in, *kernel] as the linear layer over flattened
+    patches it is (fan-out ``out``, not ``out`` × kernel), without a view (a sharded DTensor may not have one)."""
+    fan_in, fan_out = weight[0].numel(), weight.shape[0]
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    nn.init.uniform_(weight, -bound, bound)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention. The fused qkv projection's outputs are laid out head by head ([heads, 3, head_dim])
     so that splitting it column-wise over tensor-parallel ranks gives each rank whole heads' q, k and v."""
@@ -212,17 +220,23 @@ class DiT(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The fixed position embedding, which no checkpoint holds, placed beside the weights (off the meta device
+        when they were assigned from a checkpoint)."""
+        table = sincos_position_embedding(self.cfg.hidden_size, self.cfg.grid_size).unsqueeze(0)
+        self.pos_embed = table.to(self.patch_embed.weight.device, torch.float32)
+
+    @torch.no_grad()
     def init_weights(self) -> None:
         """DiT's initialisation (valid after ``to_empty``): Xavier-uniform linears and patch embedding with zero
         biases, N(0, 0.02) timestep MLP and class table, and zero adaLN regressors and output layer."""
-        self.pos_embed.copy_(sincos_position_embedding(self.cfg.hidden_size, self.cfg.grid_size).unsqueeze(0))
+        self.init_buffers()
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        w = self.patch_embed.weight
-        nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # as a linear layer over flattened patches
+        xavier_as_linear(self.patch_embed.weight)
         nn.init.zeros_(self.patch_embed.bias)
         nn.init.normal_(self.label_embed.weight, std=0.02)
         for layer in (self.time_mlp[0], self.time_mlp[2]):

@@ -6,6 +6,10 @@ at 0.999. Sampling uses DDIM with eta 0, so a sample (e.g. a policy's action chu
 its initial noise.
 Inference timesteps are spaced from the noisy end ("trailing"), so the first step starts at t = T - 1 where the
 initial noise is what training saw.
+
+Two settings serve models trained elsewhere (DiT's checkpoints, diffusers' ``DDIMScheduler`` defaults):
+``beta_schedule="linear"`` (DDPM's betas, evenly from 1e-4 to 0.02) and ``spacing="leading"`` (timesteps multiples
+of T // steps from 0 up, the first step at T - T // steps).
 """
 
 from __future__ import annotations
@@ -31,19 +35,35 @@ def squared_cosine_alphas_cumprod(timesteps: int, max_beta: float = 0.999) -> to
     return torch.cumprod(1 - squared_cosine_betas(timesteps, max_beta), dim=0)
 
 
+def linear_betas(timesteps: int, start: float = 1e-4, end: float = 0.02) -> torch.Tensor:
+    """DDPM's betas, evenly spaced from ``start`` to ``end``, float64 [timesteps] on the CPU."""
+    return torch.linspace(start, end, timesteps, dtype=torch.float64, device="cpu")
+
+
+BETA_SCHEDULES = {"squaredcos_cap_v2": squared_cosine_betas, "linear": linear_betas}
+SPACINGS = ("trailing", "leading")
+
+
 class NoiseScheduler:
     """Noises clean samples at a timestep and denoises pure noise in a few DDIM steps.
 
     ``prediction`` says what the network outputs: the noise (``epsilon``), the clean sample (``sample``) or the
     velocity ``v = sqrt(alpha_bar)·noise − sqrt(1 − alpha_bar)·x0`` (``v``; Salimans & Ho, 2022).
-    ``clip`` bounds predicted clean samples to [-clip, clip] (None: unbounded).
+    ``clip`` bounds predicted clean samples to [-clip, clip] (None: unbounded). ``beta_schedule``: one of
+    BETA_SCHEDULES; ``spacing``: how inference timesteps are spread, one of SPACINGS.
     """
 
-    def __init__(self, train_timesteps: int, prediction: str = "epsilon", clip: float | None = 1.0):
+    def __init__(self, train_timesteps: int, prediction: str = "epsilon", clip: float | None = 1.0,
+                 beta_schedule: str = "squaredcos_cap_v2", spacing: str = "trailing"):
+        if beta_schedule not in BETA_SCHEDULES:
+            raise ValueError(f"beta_schedule {beta_schedule!r} is not one of {', '.join(BETA_SCHEDULES)}")
+        if spacing not in SPACINGS:
+            raise ValueError(f"spacing {spacing!r} is not one of {', '.join(SPACINGS)}")
         self.train_timesteps = train_timesteps
         self.prediction = prediction
         self.clip = clip
-        self.alphas_cumprod = squared_cosine_alphas_cumprod(train_timesteps)
+        self.spacing = spacing
+        self.alphas_cumprod = torch.cumprod(1 - BETA_SCHEDULES[beta_schedule](train_timesteps), dim=0)
 
     def _alpha_bar(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """alphas_cumprod at timesteps ``t`` [B] (t < 0: 1, the clean end), shaped to broadcast over ``like``."""
@@ -70,7 +90,10 @@ class NoiseScheduler:
         return a / (1 - a)
 
     def inference_timesteps(self, steps: int) -> list[int]:
-        """``steps`` timesteps from T - 1 down, evenly spaced, the last ``T / steps - 1``."""
+        """``steps`` timesteps, descending. Trailing: from T - 1 down, evenly spaced, the last ``T / steps - 1``;
+        leading: (steps - 1 - i)·(T // steps), the last 0."""
+        if self.spacing == "leading":
+            return [(steps - 1 - i) * (self.train_timesteps // steps) for i in range(steps)]
         ratio = self.train_timesteps / steps
         return [round(self.train_timesteps - i * ratio) - 1 for i in range(steps)]
 

@@ -58,6 +58,15 @@ def shift_time(t: torch.Tensor | float, shift: float) -> torch.Tensor | float:
     return shift * t / (1 + (shift - 1) * t)
 
 
+def resolution_shift(seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096, base_shift: float = 0.5,
+                     max_shift: float = 1.15) -> float:
+    """Flux's resolution-dependent shift as the ``shift`` of ``shift_time``: exp(mu), mu linear in the token count
+    from ``base_shift`` at ``base_seq_len`` to ``max_shift`` at ``max_seq_len`` (diffusers' ``calculate_shift``; its
+    exponential time shift with exponent 1, exp(mu) / (exp(mu) + 1/t − 1), is shift_time with shift = exp(mu))."""
+    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return math.exp(base_shift + slope * (seq_len - base_seq_len))
+
+
 # ---- interpolant and target ----------------------------------------------------------------------------------------
 def _per_sample(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """t [B] shaped to broadcast over ``like`` [B, ...]."""

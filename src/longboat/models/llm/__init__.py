@@ -25,6 +25,10 @@ def _after_optimizer_step(model: Decoder, dp_group) -> None:
     model.after_optimizer_step(dp_group)
 
 
+def _output_head(model: Decoder):
+    return (lambda tokens, positions: model.hidden_states(tokens, positions)), model.output_weight
+
+
 DECODER = register_model(ModelSpec(
     name="decoder",
     config=DecoderConfig,
@@ -34,7 +38,8 @@ DECODER = register_model(ModelSpec(
     tensor_parallel=_tensor_parallel_plan,
     hf=DecoderHF(),
     pipeline=decoder_pipeline_split,
-    hooks=ModelHooks(aux=_moe_aux, after_optimizer_step=_after_optimizer_step, experts=MOE_EXPERTS),
+    hooks=ModelHooks(aux=_moe_aux, after_optimizer_step=_after_optimizer_step, experts=MOE_EXPERTS,
+                     output_head=_output_head),
 ))
 load_preset = DECODER.load_preset
 preset_names = DECODER.preset_names

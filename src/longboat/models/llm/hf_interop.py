@@ -12,9 +12,9 @@ class DecoderHF:
     """llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 and ernie4_5_moe checkpoints in and out."""
 
     def families(self) -> list[str]:
-        from longboat.models.llm.hf import hf_families
+        from longboat.models.llm.hf import get_hf_adapter, hf_families
 
-        return hf_families()
+        return [f for f in hf_families() if get_hf_adapter(f).arch == "decoder"]  # others build other models
 
     def load(self, hf_dir: str | Path, dtype: str | None = None) -> tuple[Any, DecoderConfig, str, dict[str, Path]]:
         """``(model, config, family, files to carry)``; the stored dtype unless ``dtype`` is given."""

@@ -1,7 +1,7 @@
 """A small Vision Transformer (Dosovitskiy et al., 2021) returning one token per patch, for policies' cameras.
 
 Patches are embedded by a strided convolution, a learned position embedding is added, then pre-norm blocks
-(x = x + MHSA(LN(x)); x = x + MLP(LN(x))) and a final LayerNorm. There is no class token: a VLA reads every patch
+(x = x + MHSA(LN(x)); x = x + MLP(LN(x))) and a final LayerNorm (optional). There is no class token: a VLA reads every patch
 token. LayerNorm keeps a sample's features independent of its batch mates.
 """
 
@@ -22,6 +22,8 @@ class ViTConfig(StrictModel):
     n_heads: int = Field(default=3, gt=0)
     mlp_ratio: float = Field(default=4.0, gt=0)
     norm_eps: float = Field(default=1e-6, gt=0)
+    final_norm: bool = Field(default=True, description="a LayerNorm after the last block (LLaVA's towers read the "
+                                                        "last block's output without one)")
 
     @model_validator(mode="after")
     def _check(self) -> ViTConfig:
@@ -73,7 +75,7 @@ class ViT(nn.Module):
         self.patch_embed = nn.Conv2d(channels, cfg.d_model, cfg.patch_size, cfg.patch_size)
         self.pos_embed = nn.Parameter(torch.empty(1, cfg.num_patches(height, width), cfg.d_model))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.final_norm else None
         self.init_weights()
 
     @torch.no_grad()
@@ -91,4 +93,4 @@ class ViT(nn.Module):
         x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
         for block in self.blocks:
             x = block(x)
-        return self.norm(x)
+        return self.norm(x) if self.norm is not None else x

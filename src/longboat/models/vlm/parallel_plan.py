@@ -1,0 +1,27 @@
+"""The vision-language model's tensor-parallel plan: the decoder's, under ``language.``, around embeddings it is given.
+
+The decoder's plan shards its embedding's output over the sequence; here the image features are written into the
+whole embeddings first, so the embedding table (row-parallel) returns them replicated and the decoder shards them
+over the sequence as it takes them. The tower and projector stay replicated: they are small beside the decoder.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput, RowwiseParallel
+
+from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
+from longboat.models.vlm.config import VLMConfig
+
+
+def vlm_tensor_parallel_plan(cfg: VLMConfig, tp: int) -> dict[str, ParallelStyle]:
+    plan = checked_tensor_parallel_plan(cfg.language, tp)
+    plan.pop("")  # the decoder's logits are gathered where the decoder returns them, below
+    out = {f"language.{name}": style for name, style in plan.items()}
+    out["language.tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    # language(embeddings, positions, cache, segments): embeddings sharded over the sequence on the way in, logits
+    # (sharded over the vocabulary by the head) gathered on the way out.
+    out["language"] = PrepareModuleInputOutput(
+        input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
+        use_local_input=True, output_layouts=Shard(-1), desired_output_layouts=Replicate(), use_local_output=True)
+    return out
