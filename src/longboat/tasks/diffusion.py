@@ -26,7 +26,7 @@ from longboat.distributed.loss import LossFn, LossOutput
 from longboat.models.contracts import require_image_generator
 from longboat.models.generative import flow_matching as fm
 from longboat.models.generative.ddpm import NoiseScheduler
-from longboat.models.generative.keyed_random import keyed_normal, keyed_randint, keyed_uniform, noise_key
+from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform, noise_key
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
 from longboat.utils.registry import Registry
 
