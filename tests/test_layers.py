@@ -45,7 +45,9 @@ MODELS_ALLOWED = {
     "longboat.models.policy",  # the package: Policy, PolicyConfig, keyed randomness (re-exported contracts)
     "longboat.models.policy.base",  # Policy / PolicyConfig: the contract every policy family meets
     "longboat.models.policy.manifest",  # the policy manifest and POLICY_SPEC: a file format, not a model
-    "longboat.models.policy.keyed_random",  # keyed noise any policy and the data pipeline share
+    "longboat.models.generative.keyed_random",  # keyed noise any generative task, policy and data pipeline share
+    "longboat.models.generative.flow_matching",  # the flow-matching objective and samplers, for any family
+    "longboat.models.generative.ddpm",  # the DDPM/DDIM schedule, for any family
     "longboat.models.llm.generation",  # sampling loop over any model with a KV cache, not the decoder itself
     "longboat.models.contracts",  # ModelHooks / ExpertSets: what the engine asks of a model, declared by its spec
 }

@@ -22,7 +22,8 @@ def test_every_config_file_loads(path):
         overrides = [*overrides, "model={arch: decoder, preset: smollm2-135m}"]
     resolved = load_run_config(path, overrides)
     assert resolved.cfg.train.steps > 0
-    assert resolved.model.n_layers > 0
+    assert isinstance(resolved.model, resolved.spec.config)
+    assert resolved.spec.config.model_validate(resolved.model.model_dump()) == resolved.model
 
 
 def test_configs_exist():
@@ -61,7 +62,7 @@ def test_missing_file_names_it(tmp_path):
         ("chekpoint.every=2", "unknown key 'chekpoint'; did you mean 'checkpoint'"),
         ("train.steps=-1", "'train.steps': Input should be greater than 0"),
         ("train.dtype=fp8", "'train.dtype'"),
-        ("task=nope", "unknown task 'nope'; known tasks: policy, preference, pretrain"),
+        ("task=nope", "unknown task 'nope'; known tasks: diffusion, policy, preference, pretrain"),
         ("model.preset=nope", "unknown model preset 'nope'"),
         ("model.arch=nope", "unknown model architecture 'nope'"),
     ],

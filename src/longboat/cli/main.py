@@ -114,6 +114,20 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample(args: argparse.Namespace) -> int:
+    import json
+
+    from longboat.recipes.sample import sample
+
+    _load_plugins(args)
+    scores = sample(args.model, args.out, args.classes, args.num, args.steps, args.cfg, args.seed, args.sampler,
+                    args.metrics, args.overwrite, args.batch_size, args.device)
+    print(f"wrote {args.out}/grid.png", file=sys.stderr)
+    if args.metrics:
+        print(json.dumps(scores, indent=2))
+    return 0
+
+
 def _chat(args: argparse.Namespace) -> int:
     from longboat.recipes.sampling import check_sampling
 
@@ -296,6 +310,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=1, help="at least 1")
     _add_plugins(p)
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("sample", help="draw images from an image generator: one PNG each, grid.png, and metrics")
+    p.add_argument("model", help="export dir, run dir or run_dir/checkpoints/step_N of an image generator")
+    p.add_argument("--class", type=int, action="append", dest="classes", metavar="N",
+                   help="class index to draw (repeatable; default: every class)")
+    p.add_argument("--num", type=_at_least_one, default=8, metavar="K", help="images per class")
+    p.add_argument("--steps", type=_at_least_one, default=32, help="sampler steps")
+    p.add_argument("--cfg", type=float, default=1.0, metavar="W",
+                   help="classifier-free guidance scale (1: none; above 1 follows the class more)")
+    p.add_argument("--seed", type=int, default=0, help="image i is drawn from seed + i")
+    p.add_argument("--sampler", choices=["euler", "heun", "ddim"], default=None,
+                   help="euler or heun for flow models, ddim for DDPM models (default: euler / ddim)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs, grid.png and metrics.json")
+    p.add_argument("--metrics", action="store_true",
+                   help="score the images with a classifier trained on the model's training data: accuracy on the "
+                        "intended classes and Fréchet distance beside the real-vs-real floor")
+    p.add_argument("--batch-size", type=_at_least_one, default=256)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    _add_overwrite(p)
+    _add_plugins(p)
+    p.set_defaults(func=_sample)
 
     p = sub.add_parser("chat", help="talk with a model in the terminal (or through piped stdin)",
                        description="Talk with a model. Commands: /image PATH (attach an image to the next message), "

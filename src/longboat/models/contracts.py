@@ -92,3 +92,26 @@ def require_language_model(cfg: Any, task: str) -> Any:
         raise ConfigError(f"task '{task}' trains a language model, but the model config {type(cfg).__name__} lacks "
                           f"{', '.join(missing)} ({needs})")
     return cfg
+
+# What the image-generation task (diffusion) reads off a model's config; the model is called as
+# ``model(x [B, in_channels, image_size, image_size], t [B], labels [B]) -> [B, C >= in_channels, H, W]`` with the
+# prediction in the first ``in_channels`` output channels, and label ``num_classes`` meaning "no class".
+IMAGE_GENERATOR_FIELDS = {
+    "image_size": "the side of the square images it generates",
+    "in_channels": "the channels of an image",
+    "num_classes": "class labels 0..num_classes-1, and num_classes for 'no class' (classifier-free guidance)",
+}
+
+
+def require_image_generator(cfg: Any, task: str) -> Any:
+    """``cfg`` (a model config, or its class) when it meets the image-generator contract; else an error naming each
+    missing field."""
+    cls = cfg if isinstance(cfg, type) else type(cfg)
+    declared = getattr(cls, "model_fields", {})
+    missing = [name for name in IMAGE_GENERATOR_FIELDS
+               if name not in declared and not isinstance(getattr(cfg, name, None), int)]
+    if missing:
+        needs = "; ".join(f"{name}: {IMAGE_GENERATOR_FIELDS[name]}" for name in missing)
+        raise ConfigError(f"task '{task}' trains an image generator, but the model config {cls.__name__} lacks "
+                          f"{', '.join(missing)} ({needs})")
+    return cfg

@@ -1,8 +1,9 @@
 """The training run's config: one file for every task, resolved and validated before any work starts.
 
-Order: plugins are imported (they may register the task or model), the run's sections are validated, the
-task's data config is validated and the task completes the model fields its data determines, then the model
-config (preset + user fields + data) is validated against its architecture.
+Order: plugins are imported (they may register the task or model), the task's ``train_defaults`` are merged under
+the user's ``train:``, the run's sections are validated, the task's data config is validated and the task completes
+the model fields its data determines, then the model config (preset + user fields + data) is validated against its
+architecture.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
         data = {**data, "plugins": load_plugins(plugins if isinstance(plugins, list) else [plugins], base_dir)}
     else:
         load_plugins([])
+    data = with_train_defaults(data)
     cfg = validate(RunConfig, data, source)
     task = get_task(cfg.task)
     task_obj = task(validate(task.data_config, cfg.data, source, prefix="data"))
@@ -130,7 +132,20 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
     return ResolvedRun(cfg, arch, model_cfg, task_obj.data, task_obj)
 
 
+def with_train_defaults(data: dict) -> dict:
+    """``data`` with its task's ``train_defaults`` merged under the user's ``train:`` (what the user sets wins; a
+    section set to null, e.g. ``train.ema: null``, turns a default off)."""
+    name = data.get("task", RunConfig.model_fields["task"].default)
+    if not isinstance(name, str) or not isinstance(data.get("train", {}), dict):
+        return data  # validation names the bad key
+    defaults = get_task(name).train_defaults
+    if not defaults:
+        return data
+    return {**data, "train": deep_merge(defaults, data.get("train") or {})}
+
+
 def _check_arch_fits_task(task: type[Task], arch: str, task_name: str, source: str) -> None:
+    task.check_architecture(get_model(arch).config)
     base = task.model_config
     if base is None or issubclass(get_model(arch).config, base):
         return

@@ -35,9 +35,16 @@ class Task(TrainerHooks):
     data_config: ClassVar[type[StrictModel]]
     #: the config class every model this task trains derives from (None: any architecture)
     model_config: ClassVar[type[StrictModel] | None] = None
+    #: the task's defaults for the run's ``train:`` section (e.g. EMA on), merged under what the user sets
+    train_defaults: ClassVar[dict] = {}
 
     def __init__(self, data: StrictModel):
         self.data = data
+
+    @classmethod
+    def check_architecture(cls, config: type[StrictModel]) -> None:
+        """Refuse an architecture (by its config class) whose models this task cannot train, before its fields are
+        filled or validated; ``model_config`` already requires a base class where one is set."""
 
     def configure_model(self, fields: dict) -> dict:
         """The model config's fields (a preset merged with the user's) completed from the data, before

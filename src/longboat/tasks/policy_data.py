@@ -16,7 +16,7 @@ from longboat.data.robot import RobotDataset
 from longboat.data.robot.prompts import PromptTokens
 from longboat.data.robot.transforms import Pipeline
 from longboat.models.policy.base import PolicyConfig, observation_keys
-from longboat.models.policy.keyed_random import noise_key
+from longboat.models.generative.keyed_random import noise_key
 
 _INT63 = (1 << 63) - 1
 

@@ -27,7 +27,7 @@ def test_inference_timesteps_start_at_the_noisy_end():
     assert s.inference_timesteps(100) == list(range(99, -1, -1))
 
 
-@pytest.mark.parametrize("prediction", ["epsilon", "sample"])
+@pytest.mark.parametrize("prediction", ["epsilon", "sample", "v"])
 @pytest.mark.parametrize("steps", [1, 10, 100])
 def test_ddim_with_the_true_noise_walks_the_noising_path_to_x0(prediction, steps):
     s = NoiseScheduler(100, prediction, clip=1.0)
@@ -39,7 +39,7 @@ def test_ddim_with_the_true_noise_walks_the_noising_path_to_x0(prediction, steps
     def oracle(x_t, t):  # the network that knows x0: its output is exact at every x_t
         visited.append((x_t, t))
         a = s.alphas_cumprod[t].reshape(-1, 1, 1)
-        return s.target(x0, (x_t - a.sqrt() * x0) / (1 - a).sqrt())
+        return s.target(x0, (x_t - a.sqrt() * x0) / (1 - a).sqrt(), t)
 
     out = s.sample(oracle, s.add_noise(x0, eps, torch.full((3,), 99)), steps)
     torch.testing.assert_close(out, x0, rtol=0, atol=1e-9)
@@ -90,3 +90,27 @@ def test_ddim_step_is_the_closed_form(prediction):
     torch.testing.assert_close(s.step(out, t, t_prev, x_t), expected, rtol=1e-12, atol=1e-12)
     # The last step lands on the predicted clean sample.
     torch.testing.assert_close(s.step(out, t, -1, x_t), x0, rtol=1e-12, atol=1e-12)
+
+
+def test_v_prediction_step_matches_diffusers_ddim():
+    from diffusers import DDIMScheduler
+
+    ours = NoiseScheduler(100, "v", clip=None)
+    ref = DDIMScheduler(num_train_timesteps=100, beta_schedule="squaredcos_cap_v2", prediction_type="v_prediction",
+                        clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing")
+    ref.set_timesteps(10)
+    assert [int(t) for t in ref.timesteps] == ours.inference_timesteps(10)
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    ref.alphas_cumprod = ref.alphas_cumprod.double()
+    expected = ref.step(v, 49, x, eta=0.0).prev_sample
+    torch.testing.assert_close(ours.step(v, 49, 39, x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_snr_is_alpha_bar_over_its_complement():
+    s = NoiseScheduler(50)
+    t = torch.tensor([0, 10, 49])
+    a = s.alphas_cumprod[t]
+    torch.testing.assert_close(s.snr(t), a / (1 - a))
+    with pytest.raises(ValueError, match="pass t"):
+        NoiseScheduler(50, "v").target(torch.zeros(1, 2), torch.zeros(1, 2))

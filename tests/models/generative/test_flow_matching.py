@@ -114,3 +114,14 @@ def test_shift_is_monotone_keeps_the_ends_and_moves_toward_noise():
     assert shift_time(0.5, 3.0) == pytest.approx(0.75)
     shifted = sample_time(U, "logit_normal", shift=3.0)
     assert shifted.mean().item() > logit_normal_time(U).mean().item()
+
+
+def test_mode_time_is_sd3s_draw():
+    from longboat.models.generative.flow_matching import mode_time
+
+    u = torch.linspace(0, 1, 101, dtype=torch.float64)
+    torch.testing.assert_close(mode_time(u, 0.0), 1 - u)
+    t = mode_time(u, 1.29)
+    assert t[0] == 1 and abs(float(t[-1])) < 1e-12 and torch.all(t[1:] < t[:-1])
+    middle = ((t > 0.25) & (t < 0.75)).double().mean()
+    assert middle > ((1 - u > 0.25) & (1 - u < 0.75)).double().mean()

@@ -47,7 +47,8 @@ SPACINGS = ("trailing", "leading")
 class NoiseScheduler:
     """Noises clean samples at a timestep and denoises pure noise in a few DDIM steps.
 
-    ``prediction`` says what the network outputs: the noise (``epsilon``) or the clean sample (``sample``).
+    ``prediction`` says what the network outputs: the noise (``epsilon``), the clean sample (``sample``) or the
+    velocity ``v = sqrt(alpha_bar)·noise − sqrt(1 − alpha_bar)·x0`` (``v``; Salimans & Ho, 2022).
     ``clip`` bounds predicted clean samples to [-clip, clip] (None: unbounded). ``beta_schedule``: one of
     BETA_SCHEDULES; ``spacing``: how inference timesteps are spread, one of SPACINGS.
     """
@@ -74,9 +75,19 @@ class NoiseScheduler:
         a = self._alpha_bar(t, x0)
         return a.sqrt() * x0 + (1 - a).sqrt() * noise
 
-    def target(self, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """What the network is trained to output."""
+    def target(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
+        """What the network is trained to output (``v`` needs the timesteps ``t`` [B])."""
+        if self.prediction == "v":
+            if t is None:
+                raise ValueError("the v target depends on the timestep: pass t")
+            a = self._alpha_bar(t, x0)
+            return a.sqrt() * noise - (1 - a).sqrt() * x0
         return noise if self.prediction == "epsilon" else x0
+
+    def snr(self, t: torch.Tensor) -> torch.Tensor:
+        """Signal-to-noise ratio alpha_bar / (1 − alpha_bar) at timesteps ``t`` [B], float64."""
+        a = self.alphas_cumprod.to(t.device)[t]
+        return a / (1 - a)
 
     def inference_timesteps(self, steps: int) -> list[int]:
         """``steps`` timesteps, descending. Trailing: from T - 1 down, evenly spaced, the last ``T / steps - 1``;
@@ -94,6 +105,9 @@ class NoiseScheduler:
         if self.prediction == "epsilon":
             eps = output
             x0 = (x_t - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+        elif self.prediction == "v":
+            x0 = a_t.sqrt() * x_t - (1 - a_t).sqrt() * output
+            eps = (1 - a_t).sqrt() * x_t + a_t.sqrt() * output
         else:
             x0 = output
             eps = (x_t - a_t.sqrt() * x0) / (1 - a_t).sqrt()

@@ -35,7 +35,14 @@ def logit_normal_time(u: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> t
     return torch.sigmoid(mean + std * z)
 
 
-TIME_DISTRIBUTIONS = {"uniform": uniform_time, "beta": beta_time, "logit_normal": logit_normal_time}
+def mode_time(u: torch.Tensor, scale: float = 1.29) -> torch.Tensor:
+    """SD3's mode sampling with heavy tails: 1 − u − scale·(cos²(π·u/2) − 1 + u); scale 0 is uniform, larger scales
+    put more mass in the middle (monotone in u for scale in [−1, 2/(π − 2)])."""
+    return 1 - u - scale * (torch.cos(math.pi / 2 * u) ** 2 - 1 + u)
+
+
+TIME_DISTRIBUTIONS = {"uniform": uniform_time, "beta": beta_time, "logit_normal": logit_normal_time,
+                      "mode": mode_time}
 
 
 def sample_time(u: torch.Tensor, distribution: str = "beta", shift: float | None = None, **params) -> torch.Tensor:

@@ -20,7 +20,7 @@ from longboat.config.base import ConfigError
 from longboat.models.policy.act.config import ACTConfig
 from longboat.models.policy.act.transformer import Decoder, Encoder, sinusoid_1d, sinusoid_2d
 from longboat.models.policy.base import Policy
-from longboat.models.policy.keyed_random import keyed_normal
+from longboat.models.generative.keyed_random import keyed_normal
 from longboat.models.vision import ResNet
 
 _LATENT_STREAM = 0  # the keyed-random stream of the CVAE sample

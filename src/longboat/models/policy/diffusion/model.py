@@ -11,7 +11,7 @@ from longboat.models.policy.base import Policy
 from longboat.models.policy.diffusion.config import DiffusionConfig
 from longboat.models.policy.diffusion.encoder import ObservationEncoder
 from longboat.models.policy.diffusion.unet import ConditionalUnet1d
-from longboat.models.policy.keyed_random import keyed_normal, keyed_randint
+from longboat.models.generative.keyed_random import keyed_normal, keyed_randint
 
 # keyed_normal(stream s) reads uniform streams 2s and 2s + 1, keyed_randint(stream s) uniform stream s.
 _NOISE_STREAM = 0

@@ -20,7 +20,7 @@ from longboat.models.llm.model import Decoder
 from longboat.models.policy.base import Policy
 from longboat.models.policy.flow_vla.config import FlowVLAConfig
 from longboat.models.policy.flow_vla.expert import ActionExpert
-from longboat.models.policy.keyed_random import keyed_normal, keyed_uniform
+from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform
 from longboat.models.vision.vit import ViT
 
 # Streams of the keyed draws: one per use, so no two draws of a sample share numbers.

@@ -1,7 +1,7 @@
 """Random numbers that are a function of a key, not of a generator's history.
 
-A training sample's draws (diffusion noise and timesteps, flow-matching times, the CVAE sample) come from its
-``noise_key``, itself a hash of (run seed, the sample's position in the job's sample stream). The same sample
+A training sample's draws (diffusion noise and timesteps, flow-matching times, the CVAE sample, class dropout) come
+from its ``noise_key``, itself a hash of (run seed, the sample's position in the job's sample stream). The same sample
 therefore draws the same numbers on one process or eight, with any number of loader workers, and after a resume.
 
 The generator is a counter-based hash (SplitMix64's finaliser) on int64 tensors, so it runs on any device with
@@ -36,10 +36,16 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+def _mix_int(x: int) -> int:
+    """``_mix`` on one unsigned 64-bit Python int: the same bits, without building a tensor per sample."""
+    x = ((x ^ (x >> 30)) * (_MIX1 & _MASK64)) & _MASK64
+    x = ((x ^ (x >> 27)) * (_MIX2 & _MASK64)) & _MASK64
+    return x ^ (x >> 31)
+
+
 def noise_key(seed: int, position: int) -> int:
     """The key of the sample at ``position`` in the sample stream of a run seeded ``seed`` (a signed int64)."""
-    x = torch.tensor([_signed(seed * 0x9E3779B97F4A7C15 + position)], dtype=torch.int64)
-    return int(_mix(_mix(x))[0])
+    return _signed(_mix_int(_mix_int((seed * 0x9E3779B97F4A7C15 + position) & _MASK64)))
 
 
 def _bits(keys: torch.Tensor, shape: tuple[int, ...], stream: int, kind: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 import torch
 
-from longboat.models.policy.keyed_random import _mix, keyed_normal, keyed_randint, keyed_uniform, noise_key
+from longboat.models.generative.keyed_random import _mix, keyed_normal, keyed_randint, keyed_uniform, noise_key
 
 _M = (1 << 64) - 1
 
@@ -35,3 +35,11 @@ def test_draws_depend_on_the_key_only():
             assert abs(torch.corrcoef(torch.stack([draws[i].flatten(), draws[j].flatten()]))[0, 1]) < 0.05
     t = keyed_randint(keys, (1,), 100)
     assert t.min() == 0 and t.max() == 99
+
+
+def test_noise_key_is_the_tensor_hash_of_seed_and_position():
+    from longboat.models.generative.keyed_random import _signed
+
+    for seed, position in [(0, 0), (7, 3), (-5, 2**40), (2**62, 12345), (1234, 10**9)]:
+        x = torch.tensor([_signed(seed * 0x9E3779B97F4A7C15 + position)], dtype=torch.int64)
+        assert noise_key(seed, position) == int(_mix(_mix(x))[0])

@@ -1,0 +1,291 @@
+"""Image generation: a class-conditional network trained by flow matching (rectified flow) or DDPM on labelled images.
+
+The data (``data/image_sources.py``) decides the model's ``image_size``, ``in_channels`` and ``num_classes``; any
+architecture whose config meets the image-generator contract (``models/contracts.py``) trains. Every random draw
+of a sample (its time, noise and whether its label drops to the null class for classifier-free guidance) is keyed
+by (seed, the sample's position in the job's sample stream), so one process or several ranks, and a resumed run,
+draw the same. Validation adds the loss in time buckets (``loss/t0.00-0.25`` ...). EMA weights are on by default.
+
+Exports carry ``diffusion.json``: the image shape, the class names and the objective, all ``longboat sample`` needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Callable, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch.utils.data import Dataset
+
+from longboat.config.base import ConfigError, StrictModel
+from longboat.data.image_sources import ImageSet, ImageSourceConfig, open_split
+from longboat.distributed.loss import LossFn, LossOutput
+from longboat.models.contracts import require_image_generator
+from longboat.models.generative import flow_matching as fm
+from longboat.models.generative.ddpm import NoiseScheduler
+from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform, noise_key
+from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
+from longboat.utils.registry import Registry
+
+SPEC_FILE = "diffusion.json"
+SPEC_VERSION = 1
+_STATE_KEY = "asset/" + SPEC_FILE
+# Keyed streams of a sample's draws: one each, so adding a draw never changes another.
+_NOISE, _TIME, _DROP, _BUCKET = 0, 1, 2, 3
+_TIME_PARAMS = {name: set(inspect.signature(fn).parameters) - {"u"} for name, fn in fm.TIME_DISTRIBUTIONS.items()}
+
+
+class FlowObjective(StrictModel):
+    """Rectified flow: x_t = t·noise + (1 − t)·x0, the network regresses the velocity noise − x0."""
+
+    kind: Literal["flow"] = "flow"
+    time: Literal["uniform", "logit_normal", "mode"] = "logit_normal"
+    time_params: dict[str, float] = Field(default_factory=dict,
+                                          description="logit_normal: mean, std; mode: scale; uniform: none")
+    shift: float = Field(default=1.0, gt=0, description="SD3's time shift (>1: more time at the noisy end)")
+    shift_base_size: int | None = Field(default=None, gt=0, description=(
+        "resolution-dependent shift: shift × image_size / shift_base_size (SD3's square root of the pixel ratio)"))
+    time_window: tuple[float, float] = Field(default=(0.0, 1.0), description="training times are mapped into "
+                                             "[min, max]")
+
+    @model_validator(mode="after")
+    def _check(self) -> FlowObjective:
+        unknown = set(self.time_params) - _TIME_PARAMS[self.time]
+        if unknown:
+            raise ValueError(f"time_params {sorted(unknown)} are not parameters of '{self.time}' "
+                             f"(it takes {sorted(_TIME_PARAMS[self.time]) or 'none'})")
+        lo, hi = self.time_window
+        if not 0 <= lo < hi <= 1:
+            raise ValueError(f"time_window must be [min, max] with 0 <= min < max <= 1, got [{lo}, {hi}]")
+        return self
+
+    def effective_shift(self, image_size: int) -> float:
+        return self.shift * (image_size / self.shift_base_size if self.shift_base_size else 1.0)
+
+
+class DDPMObjective(StrictModel):
+    """DDPM on the squared-cosine schedule: the network predicts the noise (``epsilon``) or ``v``; DDIM samples."""
+
+    kind: Literal["ddpm"] = "ddpm"
+    prediction: Literal["epsilon", "v"] = "epsilon"
+    train_timesteps: int = Field(default=1000, gt=1)
+
+
+class DiffusionDataConfig(ImageSourceConfig):
+    objective: FlowObjective | DDPMObjective = Field(default_factory=FlowObjective, discriminator="kind")
+    cond_dropout: float = Field(default=0.1, ge=0, le=1, description="chance a label becomes the null class "
+                                "(what classifier-free guidance samples with)")
+    loss_weight: str = Field(default="none", description="per-time loss weighting: none, min_snr, or one registered")
+    loss_weight_gamma: float = Field(default=5.0, gt=0, description="min_snr's gamma")
+    eval_buckets: int = Field(default=4, ge=0, description="validation loss in this many equal time buckets")
+
+
+# ---- per-time loss weights -------------------------------------------------------------------------------------
+# A weight is a function of (snr [B], x0_factor [B], gamma): x0_factor converts the squared error of the network's
+# target to the squared error of the clean image it implies (epsilon: 1/snr, v: 1/(snr + 1), flow velocity: t²).
+LossWeight = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+_LOSS_WEIGHTS: Registry[LossWeight] = Registry("loss weight", "known loss weights", ConfigError)
+
+
+def register_loss_weight(name: str) -> Callable[[LossWeight], LossWeight]:
+    """Function decorator: the per-time loss weight ``name`` (``data.loss_weight``)."""
+    def wrap(fn: LossWeight) -> LossWeight:
+        _LOSS_WEIGHTS.register(name, fn)
+        return fn
+
+    return wrap
+
+
+@register_loss_weight("none")
+def no_weight(snr: torch.Tensor, x0_factor: torch.Tensor, gamma: float) -> torch.Tensor:
+    return torch.ones_like(snr)
+
+
+@register_loss_weight("min_snr")
+def min_snr_weight(snr: torch.Tensor, x0_factor: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Min-SNR-γ (Hang et al., 2023): the clean-image error weighted by min(snr, γ)."""
+    return snr.clamp(max=gamma) * x0_factor
+
+
+# ---- samples -------------------------------------------------------------------------------------------------------
+class ImageSamples(Dataset):
+    """Images with their labels and the ``noise_key`` of their position in the job's sample stream."""
+
+    positioned = True  # the loader calls __getitem__((row, position))
+
+    def __init__(self, images: ImageSet, seed: int):
+        self.images, self.seed = images, seed
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int | tuple[int, int]) -> dict:
+        row, position = index if isinstance(index, tuple) else (index, index)
+        return {"image": self.images.images[row], "label": self.images.labels[row],
+                "noise_key": torch.tensor(noise_key(self.seed, position), dtype=torch.int64)}
+
+
+# ---- the objective ------------------------------------------------------------------------------------------------
+class Objective:
+    """Noisy inputs, model times, targets and the per-sample SNR for a batch, from uniform draws."""
+
+    def __init__(self, cfg: FlowObjective | DDPMObjective, image_size: int):
+        self.cfg = cfg
+        self.shift = cfg.effective_shift(image_size) if isinstance(cfg, FlowObjective) else None
+        self.scheduler = NoiseScheduler(cfg.train_timesteps, cfg.prediction, clip=None) \
+            if isinstance(cfg, DDPMObjective) else None
+
+    def times(self, u: torch.Tensor, raw: bool = False) -> torch.Tensor:
+        """Training times from uniform draws ``u`` [B]: flow times in [0, 1] or DDPM timesteps (long). ``raw``: the
+        draws as times themselves (evaluation buckets), no distribution, shift or window."""
+        if self.scheduler is not None:
+            return (u.double() * self.cfg.train_timesteps).long().clamp(max=self.cfg.train_timesteps - 1)
+        if raw:
+            return u
+        t = fm.sample_time(u, self.cfg.time, self.shift if self.shift != 1 else None, **self.cfg.time_params)
+        lo, hi = self.cfg.time_window
+        return lo + (hi - lo) * t
+
+    def pair(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor):
+        """(x_t, target, snr [B], x0_factor [B])."""
+        if self.scheduler is None:
+            tt = t.clamp(min=1e-5).double()
+            snr, factor = ((1 - tt) / tt) ** 2, tt ** 2
+            return fm.interpolate(x0, noise, t), fm.velocity_target(x0, noise), snr, factor
+        s = self.scheduler
+        snr = s.snr(t)
+        factor = 1 / snr if self.cfg.prediction == "epsilon" else 1 / (snr + 1)
+        return s.add_noise(x0, noise, t), s.target(x0, noise, t), snr, factor
+
+
+def make_diffusion_loss(data: DiffusionDataConfig, num_classes: int, in_channels: int, image_size: int) -> LossFn:
+    objective = Objective(data.objective, image_size)
+    weight_fn = _LOSS_WEIGHTS.get(data.loss_weight)
+    gamma = data.loss_weight_gamma
+
+    def per_sample(model, x0, labels, keys, t):
+        noise = keyed_normal(keys, tuple(x0.shape[1:]), _NOISE, dtype=x0.dtype)
+        x_t, target, snr, factor = objective.pair(x0, noise, t)
+        out = model(x_t, t, labels)[:, :in_channels]
+        return (out.float() - target.float()).pow(2).flatten(1).mean(1), snr, factor
+
+    def diffusion_loss(model: torch.nn.Module, batch: dict) -> LossOutput:
+        x0, keys = batch["image"], batch["noise_key"]
+        labels = batch["label"].clone()
+        labels[labels < 0] = num_classes
+        if data.cond_dropout > 0:
+            dropped = keyed_uniform(keys, (1,), _DROP, torch.float64)[:, 0] < data.cond_dropout
+            labels[dropped] = num_classes
+        t = objective.times(keyed_uniform(keys, (1,), _TIME)[:, 0].to(x0.device))
+        mse, snr, factor = per_sample(model, x0, labels, keys, t)
+        loss = mse * weight_fn(snr, factor, gamma).to(mse)
+        n = x0.shape[0]
+        metrics = {"mse": mse.detach().mean()}
+        if not model.training and data.eval_buckets:
+            metrics.update(bucket_losses(per_sample, model, x0, labels, keys, objective, data.eval_buckets))
+        return LossOutput(loss.sum(), n, n, metrics)
+
+    return diffusion_loss
+
+
+@torch.no_grad()
+def bucket_losses(per_sample, model, x0, labels, keys, objective: Objective, buckets: int) -> dict:
+    """The unweighted loss of every sample at a keyed time inside each of ``buckets`` equal spans of [0, 1]."""
+    out = {}
+    for b in range(buckets):
+        u = (b + keyed_uniform(keys, (1,), _BUCKET + b)[:, 0].to(x0.device)) / buckets
+        mse, _, _ = per_sample(model, x0, labels, keys, objective.times(u, raw=True))
+        out[f"loss/t{b / buckets:.2f}-{(b + 1) / buckets:.2f}"] = mse.mean()
+    return out
+
+
+# ---- the task -------------------------------------------------------------------------------------------------------
+@register_task("diffusion")
+class DiffusionTask(Task):
+    """Class-conditional image generation by flow matching or DDPM."""
+
+    data_config = DiffusionDataConfig
+    unit = "images"
+    epochs = True
+    train_defaults = {"ema": {"decay": 0.999}}
+
+    def __init__(self, data: DiffusionDataConfig):
+        super().__init__(data)
+        self._split: tuple[ImageSet, ImageSet | None] | None = None
+        self._spec: bytes | None = None  # set by build, or by a checkpoint's task state
+        _LOSS_WEIGHTS.get(data.loss_weight)  # an unknown name fails now, listing the known ones
+
+    def images(self) -> tuple[ImageSet, ImageSet | None]:
+        if self._split is None:
+            self._split = open_split(self.data)
+        return self._split
+
+    def _classes(self) -> list[str]:
+        return self.images()[0].classes
+
+    @classmethod
+    def check_architecture(cls, config) -> None:
+        require_image_generator(config, "diffusion")
+
+    def configure_model(self, fields: dict) -> dict:
+        found = {"image_size": self.data.image_size, "in_channels": self.data.channels,
+                 "num_classes": len(self._classes())}
+        return fill_from_data(fields, found, self.data.source)
+
+    def check(self, model_cfg) -> None:
+        cfg = require_image_generator(model_cfg, "diffusion")
+        if cfg.image_size != self.data.image_size or cfg.in_channels != self.data.channels:
+            raise ConfigError(f"model: makes {cfg.in_channels}×{cfg.image_size}×{cfg.image_size} images, the data "
+                              f"{self.data.channels}×{self.data.image_size}×{self.data.image_size} "
+                              "(data.channels, data.image_size)")
+        classes = len(self._classes())
+        if cfg.num_classes < classes:
+            raise ConfigError(f"model.num_classes={cfg.num_classes} is below the {classes} classes of "
+                              f"{self.data.source}")
+
+    def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
+        self.check(model_cfg)
+        train, valid = self.images()
+        per_step = train_cfg.micro_batch_size * dp_size
+        if valid is not None and len(valid) < per_step:
+            raise ConfigError(f"data: the validation split holds {len(valid)} images, fewer than one micro-batch on "
+                              f"every rank ({train_cfg.micro_batch_size} × {dp_size}); raise data.valid_fraction")
+        self._spec = self._make_spec(model_cfg)
+        loss = make_diffusion_loss(self.data, model_cfg.num_classes, model_cfg.in_channels, model_cfg.image_size)
+        summary = {"train_images": len(train), "valid_images": len(valid) if valid is not None else 0,
+                   "classes": len(train.classes)}
+        if train.malformed:
+            summary["unreadable_images"] = len(train.malformed)
+        return TaskData(ImageSamples(train, seed), ImageSamples(valid, seed) if valid is not None else None, loss,
+                        summary)
+
+    def flops_per_unit(self, model_cfg) -> float | None:
+        flops = getattr(model_cfg, "flops_per_sample", None)
+        return float(flops()) if callable(flops) else None
+
+    def _make_spec(self, model_cfg) -> bytes:
+        objective = self.data.objective.model_dump(mode="json")
+        if isinstance(self.data.objective, FlowObjective):
+            objective["effective_shift"] = self.data.objective.effective_shift(model_cfg.image_size)
+        spec = {"format_version": SPEC_VERSION, "image_size": model_cfg.image_size, "channels": model_cfg.in_channels,
+                "num_classes": model_cfg.num_classes, "classes": self._classes(), "source": self.data.source,
+                "valid_fraction": self.data.valid_fraction, "split_seed": self.data.split_seed, "objective": objective}
+        return (json.dumps(spec, indent=2) + "\n").encode()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if self._spec is None:
+            return {}
+        return {_STATE_KEY: torch.frombuffer(bytearray(self._spec), dtype=torch.uint8)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if _STATE_KEY in state:
+            self._spec = bytes(state[_STATE_KEY].numpy().tobytes())
+
+    def export_assets(self) -> dict[str, Path | bytes]:
+        if self._spec is None:
+            raise ConfigError(f"data.source: {self.data.source}: the sampling settings come from a built task or a "
+                              "checkpoint's task state, and neither is at hand")
+        return {SPEC_FILE: self._spec}
