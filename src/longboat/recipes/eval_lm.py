@@ -231,12 +231,7 @@ def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
     scores = [0.0] * len(requests)
     for b in range(0, len(order), batch_size):
         batch = [requests[i] for i in order[b:b + batch_size]]
-        T = max(len(ids) for ids, _ in batch)
-        tokens = torch.zeros(len(batch), T, dtype=torch.long)
-        for r, (ids, _) in enumerate(batch):
-            tokens[r, :len(ids)] = torch.tensor(ids)
-        tokens = tokens.to(device)
-        positions = torch.arange(T, device=device).expand(len(batch), T)
+        tokens, positions = _right_padded(batch, device)
         extra = batch_images(loaded, images, order[b:b + batch_size], device) if images else None
         logits = model(tokens, positions, None, **(extra or {}))
         for r, (ids, start) in enumerate(batch):
@@ -248,6 +243,15 @@ def score_choices(model, requests: list[tuple[list[int], int]], batch_size: int,
     return scores
 
 
+def _right_padded(batch: list[tuple[list[int], int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The requests' ids right-padded with 0 to the longest ([B, T]) and their positions 0..T-1."""
+    T = max(len(ids) for ids, _ in batch)
+    tokens = torch.zeros(len(batch), T, dtype=torch.long)
+    for r, (ids, _) in enumerate(batch):
+        tokens[r, :len(ids)] = torch.tensor(ids)
+    return tokens.to(device), torch.arange(T, device=device).expand(len(batch), T)
+
+
 def _score_from_hidden(hidden, head: torch.Tensor, model, requests: list[tuple[list[int], int]], batch_size: int,
                        advance) -> list[float]:
     device = head.device
@@ -255,17 +259,14 @@ def _score_from_hidden(hidden, head: torch.Tensor, model, requests: list[tuple[l
     scores = [0.0] * len(requests)
     for b in range(0, len(order), batch_size):
         batch = [requests[i] for i in order[b:b + batch_size]]
-        T = max(len(ids) for ids, _ in batch)
-        tokens = torch.zeros(len(batch), T, dtype=torch.long)
+        tokens, positions = _right_padded(batch, device)
         rows, cols, owner = [], [], []
         for r, (ids, start) in enumerate(batch):
-            tokens[r, :len(ids)] = torch.tensor(ids)
             # The state at position t predicts token t + 1.
             rows += [r] * (len(ids) - start)
             cols += range(start - 1, len(ids) - 1)
             owner += [r] * (len(ids) - start)
-        tokens = tokens.to(device)
-        h = hidden(tokens, torch.arange(T, device=device).expand(len(batch), T))
+        h = hidden(tokens, positions)
         rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
         states, targets = h[rows_t, cols_t], tokens[rows_t, cols_t + 1]
         token_logps = torch.empty(len(rows), dtype=torch.float32, device=device)

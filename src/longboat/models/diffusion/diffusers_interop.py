@@ -7,6 +7,7 @@ write it."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -40,6 +41,28 @@ class DiffusersFormat:
     state_from: Callable[[dict, Any], dict]
     state_to: Callable[[dict, Any], dict]
     tensor_name: Callable[[str], str | None]
+
+
+Rules = list[tuple[re.Pattern, str]]  # (a full-name regex with named groups, the target name's format string)
+
+
+def rename(name: str, rules: Rules) -> str | None:
+    """``name`` under the first rule whose regex matches it; None when none does."""
+    for regex, target in rules:
+        if m := regex.match(name):
+            return target.format(**m.groupdict())
+    return None
+
+
+def rename_state(state: dict[str, torch.Tensor], rules: Rules, what: str) -> dict[str, torch.Tensor]:
+    """Every tensor of ``state`` under its new name; one that no rule names fails, saying whose weight it is."""
+    out = {}
+    for name, tensor in state.items():
+        target = rename(name, rules)
+        if target is None:
+            raise HFConversionError(f"{what} weight {name} has no counterpart")
+        out[target] = tensor
+    return out
 
 
 def read_config(directory: str | Path, class_name: str) -> dict:

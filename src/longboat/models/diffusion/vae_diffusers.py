@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from longboat.models.diffusion.diffusers_interop import DiffusersFormat
+from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state
 from longboat.models.diffusion.vae import AutoencoderKL, VAEConfig
 from longboat.models.llm.hf.adapter import HFConversionError
 
@@ -59,13 +59,6 @@ _LEGACY = [(f"{side}.mid_block.attentions.0.{old}.{{p}}", f"{side}.mid.attn.{new
 _TO_OURS = [(_regex(theirs), ours) for ours, theirs in _names()] + [(_regex(a), b) for a, b in _LEGACY]
 
 
-def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
-    for regex, target in rules:
-        if m := regex.match(name):
-            return target.format(**m.groupdict())
-    return None
-
-
 def config_from_diffusers(d: dict, source: str = "config.json") -> dict:
     """Our config fields from an ``AutoencoderKL`` config; an option we cannot represent fails naming it."""
     known = set(_FIELDS) | set(_REQUIRED) | set(_BLOCKS) | set(_DROPPED)
@@ -97,26 +90,16 @@ def config_to_diffusers(cfg: VAEConfig) -> dict:
     return {"_class_name": CLASS_NAME, **out, **{k: [v] * stages for k, v in _BLOCKS.items()}, **_REQUIRED}
 
 
-def _convert(state: dict[str, torch.Tensor], rules, what: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, tensor in state.items():
-        target = _rename(name, rules)
-        if target is None:
-            raise HFConversionError(f"{what} weight {name} has no counterpart")
-        out[target] = tensor
-    return out
-
-
 def state_dict_from_diffusers(theirs: dict[str, torch.Tensor], cfg: VAEConfig) -> dict[str, torch.Tensor]:
-    return _convert(theirs, _TO_OURS, "diffusers AutoencoderKL")
+    return rename_state(theirs, _TO_OURS, "diffusers AutoencoderKL")
 
 
 def state_dict_to_diffusers(ours: dict[str, torch.Tensor], cfg: VAEConfig) -> dict[str, torch.Tensor]:
-    return _convert(ours, _TO_THEIRS, "longboat AutoencoderKL")
+    return rename_state(ours, _TO_THEIRS, "longboat AutoencoderKL")
 
 
 def tensor_name(name: str) -> str | None:
-    return _rename(name, _TO_THEIRS)
+    return rename(name, _TO_THEIRS)
 
 
 VAE_FORMAT = DiffusersFormat(CLASS_NAME, VAEConfig, AutoencoderKL, config_from_diffusers, config_to_diffusers,

@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from longboat.models.diffusion.diffusers_interop import DiffusersFormat
+from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state
 from longboat.models.diffusion.wan import Wan, WanConfig
 from longboat.models.llm.hf.adapter import HFConversionError
 
@@ -50,13 +50,6 @@ _TO_THEIRS = [(_regex(ours), theirs) for ours, theirs in _NAMES]
 _TO_OURS = [(_regex(theirs), ours) for ours, theirs in _NAMES]
 
 
-def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
-    for regex, target in rules:
-        if m := regex.match(name):
-            return target.format(**m.groupdict())
-    return None
-
-
 def config_from_diffusers(d: dict, source: str = "config.json") -> dict:
     """Our config fields from a ``WanTransformer3DModel`` config; an option we cannot represent fails naming it."""
     unknown = sorted(k for k in d if not k.startswith("_") and k not in _FIELDS and k not in _REQUIRED
@@ -87,26 +80,16 @@ def config_to_diffusers(cfg: WanConfig) -> dict:
     return {"_class_name": CLASS_NAME, **out, **_REQUIRED}
 
 
-def _convert(state: dict[str, torch.Tensor], rules, what: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, tensor in state.items():
-        target = _rename(name, rules)
-        if target is None:
-            raise HFConversionError(f"{what} weight {name} has no counterpart")
-        out[target] = tensor
-    return out
-
-
 def state_dict_from_diffusers(theirs: dict[str, torch.Tensor], cfg: WanConfig) -> dict[str, torch.Tensor]:
-    return _convert(theirs, _TO_OURS, "diffusers Wan")
+    return rename_state(theirs, _TO_OURS, "diffusers Wan")
 
 
 def state_dict_to_diffusers(ours: dict[str, torch.Tensor], cfg: WanConfig) -> dict[str, torch.Tensor]:
-    return _convert(ours, _TO_THEIRS, "longboat Wan")
+    return rename_state(ours, _TO_THEIRS, "longboat Wan")
 
 
 def tensor_name(name: str) -> str | None:
-    return _rename(name, _TO_THEIRS)
+    return rename(name, _TO_THEIRS)
 
 
 WAN_FORMAT = DiffusersFormat(CLASS_NAME, WanConfig, Wan, config_from_diffusers, config_to_diffusers,
