@@ -50,6 +50,18 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float) -> str:
     return log.read_text()
 
 
+def train_on_two_ranks(cfg: dict, directory: Path, timeout: float = 300) -> Path:
+    """``longboat train --nproc 2`` on the run config ``cfg`` (written to ``directory``); its run directory."""
+    import yaml
+
+    path, log = directory / "two_ranks.yaml", directory / "two_ranks.log"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(path)], log)
+    out = finish(proc, log, timeout)
+    assert proc.returncode == 0, out[-6000:]
+    return Path(cfg["run_dir"])
+
+
 def assert_bias_balancing_moved(run_dir: Path) -> None:
     """Most steps of a run with DeepSeek-V3's aux-free balancing saw unequal expert loads, so their bias updates
     moved the bias by ±rate per expert (a step whose loads came out exactly equal leaves it). Its final value is no

@@ -146,24 +146,14 @@ def test_a_run_lowers_the_loss_resumes_bitwise_and_exports(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
 def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel):
-    import sys
-
-    import yaml
-
-    from tests.distributed.conftest import finish, start
+    from tests.distributed.conftest import train_on_two_ranks
 
     single = config(tmp_path / "one", steps=4)
     train.run(resolve(single))
     double = config(tmp_path / "two", steps=4)
     double["train"]["micro_batch_size"] = 4
     double["parallel"] = {"data_parallel": data_parallel}
-    path = tmp_path / "two.yaml"
-    path.write_text(yaml.safe_dump(double))
-    log = tmp_path / "train.log"
-    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(path)], log)
-    out = finish(proc, log, timeout=300)
-    assert proc.returncode == 0, out[-6000:]
-    one, two = (Path(c["run_dir"]) for c in (single, double))
+    one, two = Path(single["run_dir"]), train_on_two_ranks(double, tmp_path)
     for key in ("loss", "mse"):
         ours = [r[key] for r in read_metrics(two) if key in r]
         theirs = [r[key] for r in read_metrics(one) if key in r]

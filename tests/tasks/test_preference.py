@@ -219,11 +219,7 @@ def test_a_resumed_copy_without_its_starting_weights_is_refused(tmp_path):
 def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel, reference):
     """The same global batches on 2 ranks (each computing half the reference log-probs, or holding half of the
     reference copy) as in one process with the precomputed reference."""
-    import sys
-
-    import yaml
-
-    from tests.distributed.conftest import finish, start
+    from tests.distributed.conftest import train_on_two_ranks
 
     pairs = write_pairs(tmp_path / "pairs.jsonl", n=32)
     single = config(tmp_path / "one", pairs, steps=4)
@@ -231,13 +227,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, data_parallel, reference):
     train.run(resolve(single))
     double = config(tmp_path / "two", pairs, steps=4, reference=reference)
     double["parallel"] = {"data_parallel": data_parallel}
-    path = tmp_path / "two.yaml"
-    path.write_text(yaml.safe_dump(double))
-    log = tmp_path / "train.log"
-    proc = start([sys.executable, "-m", "longboat", "train", "--nproc", "2", str(path)], log)
-    out = finish(proc, log, timeout=300)
-    assert proc.returncode == 0, out[-6000:]
-    one, two = (Path(c["run_dir"]) for c in (single, double))
+    one, two = Path(single["run_dir"]), train_on_two_ranks(double, tmp_path)
     if reference == "precompute":
         torch.testing.assert_close(load_file(two / REFERENCE_FILE)["logps"],
                                    load_file(one / REFERENCE_FILE)["logps"], rtol=0, atol=1e-5)
