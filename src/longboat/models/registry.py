@@ -77,7 +77,8 @@ class ModelSpec:
     name: str
     config: type[StrictModel]
     module: type[nn.Module]
-    presets: str | None = None  # package whose ``presets/`` folder holds ``<name>.yaml`` config fields
+    presets: str | None = None  # package whose ``preset_folder`` holds ``<name>.yaml`` config fields
+    preset_folder: str = "presets"  # relative to the ``presets`` package, "/"-separated ("presets/wan_vae")
     parallel_units: tuple[str, ...] = ()
     forward_methods: tuple[str, ...] = ()
     tensor_parallel: Callable[[Any, int], dict] | None = None
@@ -92,14 +93,20 @@ class ModelSpec:
     def preset_names(self) -> list[str]:
         if self.presets is None:
             return []
-        root = resources.files(self.presets) / "presets"
-        return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+        root = self._preset_root()
+        return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml") and p.is_file())
 
     def load_preset(self, name: str) -> dict:
         known = self.preset_names()
         if name not in known:
             raise ConfigError(f"unknown model preset '{name}' for '{self.name}'; known: {', '.join(known) or 'none'}")
-        return yaml.safe_load((resources.files(self.presets) / "presets" / f"{name}.yaml").read_text())
+        return yaml.safe_load((self._preset_root() / f"{name}.yaml").read_text())
+
+    def _preset_root(self):
+        root = resources.files(self.presets)
+        for part in self.preset_folder.split("/"):
+            root = root / part
+        return root
 
     def tensor_parallel_plan(self, cfg: StrictModel, tp: int) -> dict | None:
         """The checked plan for ``tp`` ranks, or None when ``tp == 1``."""

@@ -1,5 +1,5 @@
-"""Diffusion networks over images, latents and video; importing this package registers the "dit", "wan"
-and "autoencoder_kl" architectures."""
+"""Diffusion networks over images, latents and video; importing this package registers the "dit", "wan",
+"autoencoder_kl" and "wan_vae" architectures."""
 
 from longboat.models.diffusion.diffusers_interop import DiffusersInterop
 from longboat.models.diffusion.dit import DiT, DiTConfig
@@ -8,6 +8,8 @@ from longboat.models.diffusion.vae import AutoencoderKL, VAEConfig
 from longboat.models.diffusion.vae_diffusers import VAE_FORMAT
 from longboat.models.diffusion.wan import Wan, WanConfig
 from longboat.models.diffusion.wan_diffusers import WAN_FORMAT
+from longboat.models.diffusion.wan_vae import WanVAE, WanVAEConfig
+from longboat.models.diffusion.wan_vae_diffusers import WAN_VAE_FORMAT
 from longboat.models.registry import ModelSpec, register_model
 
 
@@ -41,5 +43,15 @@ VAE_SPEC = register_model(ModelSpec(
     parallel_units=("encoder.down", "encoder.mid", "decoder.mid", "decoder.up"),
     hf=DiffusersInterop(VAE_FORMAT),
 ))
+WAN_VAE_SPEC = register_model(ModelSpec(
+    name="wan_vae",
+    config=WanVAEConfig,
+    module=WanVAE,
+    presets="longboat.models.diffusion",
+    preset_folder="presets/wan_vae",
+    parallel_units=("encoder.down", "encoder.mid", "decoder.mid", "decoder.up"),
+    hf=DiffusersInterop(WAN_VAE_FORMAT),
+))
 
-__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "VAE_SPEC", "AutoencoderKL", "VAEConfig", "WAN_SPEC", "Wan", "WanConfig"]
+__all__ = ["DIT_SPEC", "DiT", "DiTConfig", "VAE_SPEC", "AutoencoderKL", "VAEConfig", "WAN_SPEC", "Wan", "WanConfig",
+           "WAN_VAE_SPEC", "WanVAE", "WanVAEConfig"]
