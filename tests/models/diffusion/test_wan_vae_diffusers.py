@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 from diffusers import AutoencoderKLWan
@@ -111,7 +113,7 @@ def test_directories_and_the_convert_command(tmp_path, capsys):
     assert again.config.decoder_base_dim == 12 and again.config.scale_factor_spatial == 8
     assert_same_outputs(ours, again, frames=(5,))
     bad = dict(theirs.config, is_residual=True)
-    (tmp_path / "theirs" / "config.json").write_text(__import__("json").dumps(bad))
+    (tmp_path / "theirs" / "config.json").write_text(json.dumps(bad))
     assert main(["convert", "diffusers-to-longboat", str(tmp_path / "theirs"), str(tmp_path / "x")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is_residual=True is not supported" in err[0]

@@ -22,7 +22,9 @@ from torch import nn
 from longboat.config.base import StrictModel
 from longboat.models.diffusion.vae import DiagonalGaussian
 
-Cache = dict  # module -> its last input frames (the causal state carried from chunk to chunk)
+# module -> its last input frames, the causal state carried from chunk to chunk (a temporal upsampler: True once
+# the first frame has passed). One per encode or decode call.
+Cache = dict
 CHUNK = 4  # frames per encoder chunk after the first frame
 
 WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517,
