@@ -247,12 +247,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from longboat.models import get_model, model_names
+    from longboat.utils.logging import printable
 
     for arch in model_names():
         spec = get_model(arch)
         for name in spec.preset_names():
-            cfg = spec.config(**spec.load_preset(name))
+            try:
+                cfg = spec.config(**spec.load_preset(name))
+            except ValidationError as exc:  # a preset built on inputs made first (e.g. a converted backbone)
+                print(f"{name:16s} {arch:10s} (needs {printable(exc.errors()[0]['msg'].removeprefix('Value error, '))})")
+                continue
             describe = getattr(cfg, "describe", None)
             print(f"{name:16s} {arch:10s} {describe() if describe else ''}".rstrip())
     return 0
