@@ -469,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LongboatError as e:
-        error(str(e))
+        if not getattr(e, "quiet", False):
+            error(str(e))
         return e.exit_code
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into utils.interrupt.Interrupted
         error("interrupted")
