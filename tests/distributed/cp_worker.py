@@ -3,21 +3,24 @@
 
     torchrun --nproc_per_node=2 tests/distributed/cp_worker.py OUT CASE [CASE ...]
 
-``parity`` writes ``OUT/parity/result.pt`` (one forward's output and the full gradients of a loss on it) and
-``layout.json``, then asks for a token count the ranks cannot share and writes the refusal to ``refusal.txt``.
-The other cases train with the real Trainer and a flow-matching loss (the diffusion task trains class-conditional
-image models; Wan reads text), each writing ``OUT/<case>/metrics.jsonl``.
+``parity`` writes ``OUT/parity/result.pt`` (one forward's output and the full gradients of a loss on it),
+``layout.json`` (a weight's shard) and ``all_to_all.json`` (the exchanges of a forward and a backward under each
+activation checkpointing mode), then asks for a token count the ranks cannot share and writes the refusal to
+``refusal.txt``. The other cases train with the real Trainer and a flow-matching loss (the diffusion task trains
+class-conditional image models; Wan reads text), each writing ``OUT/<case>/metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import Dataset
 
 from longboat.config.base import ConfigError
@@ -41,7 +44,11 @@ CASES: dict[str, dict | None] = {
     "single": None,
     "cp": {"cp": 2, "activation_checkpointing": "full"},  # FSDP2 over dp_shard × cp, blocks recomputed
     "cp_ddp": {"cp": 2, "data_parallel": "ddp"},
+    "cp_compile": {"cp": 2, "compile": True, "activation_checkpointing": "selective"},
+    "single_from_cp": None,  # one process resuming the cp run's checkpoint
 }
+SAVE_EVERY = {"cp": 2}
+RESUME_FROM = {"single_from_cp": "cp/checkpoints/step_00000002"}
 
 
 def tiny_wan(seed: int = 0) -> torch.nn.Module:
@@ -114,6 +121,9 @@ def run_parity(out: Path) -> None:
         torch.save({"output": output.detach(), "grads": grads}, out / "result.pt")
         (out / "layout.json").write_text(json.dumps(layout))
     dist.barrier()
+    counts = {mode: count_all_to_alls(mode) for mode in ("none", "selective", "full")}
+    if _rank() == 0:
+        (out / "all_to_all.json").write_text(json.dumps(counts))
     try:  # 1 × 1 × 3 patches: 3 tokens for 2 ranks
         model(torch.randn(1, 4, 1, 2, 6), torch.rand(1), torch.randn(1, *TEXT))
         message = "no refusal"
@@ -123,14 +133,37 @@ def run_parity(out: Path) -> None:
         (out / "refusal.txt").write_text(message)
 
 
+class _CountAllToAlls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops._c10d_functional.all_to_all_single.default
+        return func(*args, **(kwargs or {}))
+
+
+def count_all_to_alls(checkpointing: str) -> dict[str, int]:
+    """The all-to-alls one forward and its backward dispatch under ``parallel.activation_checkpointing``."""
+    cfg = ParallelConfig(cp=2, activation_checkpointing=checkpointing)
+    model = parallelize(tiny_wan(), ParallelMesh(resolve_dims(cfg, dist.get_world_size()), "cpu"), cfg, None, "cpu")
+    with _CountAllToAlls() as counter:
+        _, loss = parity_loss(model)
+        forward = counter.count
+        loss.backward()
+    return {"forward": forward, "backward": counter.count - forward}
+
+
 def run_training(out: Path, case: str) -> None:
     cfg, mesh, dp = _mesh(case)
     model = parallelize(tiny_wan(), mesh, cfg, None, "cpu")
+    if case in RESUME_FROM:
+        shutil.copytree(out.parent / RESUME_FROM[case], out / "checkpoints" / Path(RESUME_FROM[case]).name)
     train_cfg = TrainerConfig(
         steps=STEPS, micro_batch_size=BATCH // dp.size, log_every=1, eval_batches=0, num_workers=0,
         tensorboard=False, threads=1, optimizer={"lr": LR, "eps": ADAM_EPS}, schedule={"kind": "constant"})
-    Trainer(train_cfg, CheckpointConfig(every=0, export=False), out, model, flow_loss, Clips(), dp=dp,
-            device=torch.device("cpu")).fit()
+    checkpoints = CheckpointConfig(every=SAVE_EVERY.get(case, 0), export=False)
+    Trainer(train_cfg, checkpoints, out, model, flow_loss, Clips(), dp=dp, device=torch.device("cpu")).fit()
 
 
 def run_case(out: Path, case: str) -> None:

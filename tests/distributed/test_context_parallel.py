@@ -1,6 +1,7 @@
 """Context parallelism (Ulysses) on 2 gloo ranks equals one process for the tiny Wan video transformer: one forward's
-output and gradients, and training by the real Trainer under FSDP2 over dp_shard × cp (with activation checkpointing)
-and under DDP. Layouts it cannot serve are refused in one line. All 2-rank cases share one torchrun launch."""
+output and gradients, and training by the real Trainer under FSDP2 over dp_shard × cp (with full activation
+checkpointing, or compiled with selective checkpointing) and under DDP; its checkpoint resumes in one process.
+Layouts it cannot serve are refused in one line. All 2-rank cases share one torchrun launch."""
 
 from __future__ import annotations
 
@@ -20,14 +21,16 @@ from tests.distributed.cp_worker import MODEL, STEPS, parity_loss, run_case, tin
 pytestmark = pytest.mark.slow
 
 WORKER = "tests/distributed/cp_worker.py"
-TRAINED = ["cp", "cp_ddp"]
+TRAINED = ["cp", "cp_ddp", "cp_compile"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("cp_runs")
     (port,) = free_ports(1)
-    two = start(torchrun(2, port, WORKER, str(out), "parity", *TRAINED), out / "two.log")
+    # As the other launches: compiled blocks traced by AOT autograd and run eagerly (the layout decides the graphs).
+    env = {"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"}
+    two = start(torchrun(2, port, WORKER, str(out), "parity", *TRAINED), out / "two.log", env=env)
     threads = torch.get_num_threads()
     try:
         run_case(out, "single")  # the reference, while the ranks run
@@ -35,6 +38,7 @@ def runs(tmp_path_factory):
         torch.set_num_threads(threads)
         log = finish(two, out / "two.log", timeout=300)
     assert two.returncode == 0, log[-6000:]
+    run_case(out, "single_from_cp")
     return out
 
 
@@ -62,6 +66,21 @@ def test_training_equals_one_process(runs, case):
         assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5), f"loss at step {row['step']}"
         assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5), f"grad norm at step {row['step']}"
     assert reference[-1]["loss"] < reference[0]["loss"]
+
+
+def test_a_cp_checkpoint_resumes_in_one_process(runs):
+    rows, reference = read_metrics(runs / "single_from_cp"), read_metrics(runs / "single")
+    assert [r["step"] for r in rows] == [3, 4]
+    for row, ref in zip(rows, reference[2:]):
+        assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5), f"loss at step {row['step']}"
+
+
+def test_selective_checkpointing_keeps_the_exchanged_heads(runs):
+    # Per block: queries, keys and values sent out and the output back, once forward and once backward; full
+    # checkpointing sends them again to recompute, selective keeps what the all-to-alls received.
+    counts = json.loads((runs / "parity" / "all_to_all.json").read_text())
+    assert counts == {"none": {"forward": 8, "backward": 8}, "selective": {"forward": 8, "backward": 8},
+                      "full": {"forward": 8, "backward": 16}}
 
 
 def _one_line(fn, match: str) -> None:

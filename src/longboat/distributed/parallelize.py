@@ -90,14 +90,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelSty
 
 # ---- activation checkpointing and compile ------------------------------------------------------------------
 def _save_list() -> set:
-    """Ops whose outputs selective checkpointing keeps: matmuls (the experts' grouped ones too), attention and TP's
-    reduce-scatters."""
+    """Ops whose outputs selective checkpointing keeps: matmuls (the experts' grouped ones too), attention, TP's
+    reduce-scatters and CP's all-to-alls (a recomputed collective would communicate again)."""
     aten = torch.ops.aten
     names = [
         (aten, "mm"), (aten, "addmm"), (aten, "bmm"), (aten, "_grouped_mm"),
         (aten, "_scaled_dot_product_flash_attention"), (aten, "_scaled_dot_product_efficient_attention"),
         (aten, "_scaled_dot_product_cudnn_attention"), (aten, "_scaled_dot_product_flash_attention_for_cpu"),
-        (torch.ops._c10d_functional, "reduce_scatter_tensor"),
+        (torch.ops._c10d_functional, "reduce_scatter_tensor"), (torch.ops._c10d_functional, "all_to_all_single"),
     ]
     return {getattr(ns, op).default for ns, op in names if hasattr(ns, op)}
 
