@@ -57,8 +57,9 @@ def _check(args: argparse.Namespace) -> int:
     checked = preflight(resolved, world)
     d = checked.dims
     pp = f"pp {d.pp} × " if d.pp > 1 else ""
+    cp = f"cp {d.cp} × " if d.cp > 1 else ""
     print(f"ok: task {resolved.cfg.task} · model {resolved.arch} · {world} rank(s): {pp}dp_replicate {d.dp_replicate} × "
-          f"dp_shard {d.dp_shard} × tp {d.tp}"
+          f"dp_shard {d.dp_shard} × {cp}tp {d.tp}"
           + (f" · resumes from {checked.resume_from}" if checked.resume_from else " · starts fresh")
           + (f" · exports HF {checked.hf_family}" if checked.hf_family else ""))
     return 0
