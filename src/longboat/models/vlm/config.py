@@ -8,7 +8,7 @@ import torch
 from pydantic import Field, model_validator
 
 from longboat.config.base import StrictModel, deep_merge
-from longboat.data.images.processors import QwenImages, SquareImages
+from longboat.data.images.processors import QwenImages, SmolVLMImages, SquareImages
 from longboat.data.images.qwen_vl import QwenVLImageConfig
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.registry import get_model
@@ -64,6 +64,8 @@ class SigLIPTower(SigLIPConfig):
     arch: Literal["siglip"] = "siglip"
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    longest_edge: int | None = Field(default=None, gt=0, description="SmolVLM's preprocessing first resizes an "
+                                     "image's longest edge to this (its size.longest_edge); None: 4 × image_size")
 
     @property
     def feature_dim(self) -> int:
@@ -164,7 +166,10 @@ class VLMConfig(StrictModel):
     def image_processor(self):
         """The preprocessing the tower reads its images with (``data/images``)."""
         v = self.vision
-        if v.arch in SQUARE_TOWERS:
+        if v.arch == "siglip":
+            return SmolVLMImages(v.image_size, v.patch_size, self.merge_size, v.longest_edge or 4 * v.image_size,
+                                 v.image_mean, v.image_std)
+        if v.arch == "vit":
             return SquareImages(v.image_size, v.patch_size, self.merge_size, v.image_mean, v.image_std)
         return QwenImages(QwenVLImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
                                             merge_size=v.merge_size, min_pixels=v.min_pixels,
