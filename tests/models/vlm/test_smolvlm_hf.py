@@ -72,6 +72,23 @@ def test_import_gives_transformers_logits(tmp_path, family, tied):
         torch.testing.assert_close(model(tokens, images=images), hf_logits(hf, tokens, images), atol=1e-4, rtol=0)
 
 
+def test_configs_saved_with_only_changed_keys_read_with_transformers_defaults():
+    """As older SmolVLM checkpoints (SmolVLA's backbone among them) are saved: the vision config holds only what
+    differs from transformers' defaults, the text config some keys no Llama reads, the processor's first resize."""
+    from longboat.models.vlm.smolvlm_hf import SmolVLMAdapter
+
+    text = {**TEXT_HF, "head_dim": 8, "rms_norm_eps": 1e-5, "qk_layer_norms": False, "pixel_shuffle_factor": 4,
+            "use_resampler": False, "architectures": ["VLlama3ForCausalLM"]}
+    vision = {"model_type": "smolvlm_vision", "hidden_size": 768, "num_attention_heads": 12, "patch_size": 16,
+              "image_size": 512, "size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}
+    fields = SmolVLMAdapter().config_from_hf({"model_type": "smolvlm", "scale_factor": 4, "image_token_id": 49,
+                                              "text_config": text, "vision_config": vision})
+    cfg = vlm_config(fields["vision"], fields["projector"])
+    assert (cfg.vision.n_layers, cfg.vision.mlp_ratio, cfg.vision.norm_eps) == (12, 3072 / 768, 1e-6)
+    assert cfg.image_tokens(512, 512) == 64 and cfg.image_processor().longest_edge == 2048
+    assert fields["language"]["norm_eps"] == 1e-5 and fields["language"]["n_layers"] == 2
+
+
 def test_greedy_generation_equals_transformers(tmp_path):
     hf = tiny_hf()
     hf.save_pretrained(tmp_path / "hf")

@@ -27,6 +27,10 @@ from longboat.models.vision.siglip import siglip_from_hf, siglip_to_hf
 
 VISION_PREFIX, TEXT_PREFIX = "model.vision_model.", "model.text_model."
 CONNECTOR = "model.connector.modality_projection.proj.weight"
+# What transformers' vision config assumes for a key config.json leaves out (older saves write only the changed ones).
+VISION_DEFAULTS = {"hidden_size": 1152, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 16,
+                   "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "gelu_pytorch_tanh",
+                   "layer_norm_eps": 1e-6}
 
 
 def _text_adapter(family: str) -> HFAdapter:
@@ -52,18 +56,20 @@ class SmolVLMAdapter(HFAdapter):
     vision_model_type = "smolvlm_vision"
 
     def config_from_hf(self, hf: dict) -> dict:
-        vision, text = hf["vision_config"], hf["text_config"]
+        vision, text = {**VISION_DEFAULTS, **hf.get("vision_config", {})}, hf["text_config"]
         reject(vision, "hidden_act", lambda v: v == "gelu_pytorch_tanh", "the tower's MLP is a tanh GELU")
         reject(vision, "num_channels", lambda v: v == 3, "the tower reads RGB")
         d = vision["hidden_size"]
+        size = vision.get("size")  # older saves carry the processor's first resize here
+        longest_edge = size.get("longest_edge") if isinstance(size, dict) else None
         language = _text_adapter(text.get("model_type", "llama")).config_from_hf(text)
         language["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
         return {
             "vision": {"arch": "siglip", "image_size": _square(vision, "image_size"),
                        "patch_size": _square(vision, "patch_size"), "d_model": d,
                        "n_layers": vision["num_hidden_layers"], "n_heads": vision["num_attention_heads"],
-                       "mlp_ratio": vision["intermediate_size"] / d, "norm_eps": vision.get("layer_norm_eps", 1e-6),
-                       "final_norm": True},
+                       "mlp_ratio": vision["intermediate_size"] / d, "norm_eps": vision["layer_norm_eps"],
+                       "final_norm": True, "longest_edge": longest_edge},
             "projector": {"kind": "pixel_shuffle", "merge_size": hf.get("scale_factor", 2)},
             "language": language,
             "image_token_id": hf.get("image_token_id", 128257),
