@@ -80,8 +80,8 @@ class ProjectorConfig(StrictModel):
     """Tower features to the decoder's width. ``mlp``: two linear layers with a GELU per feature (LLaVA);
     ``patch_merger``: each ``merge_size``² block of neighbouring ViT patches, normed and concatenated, to one token
     (Qwen2-VL's merger), so an image takes ``merge_size``² fewer tokens; ``pixel_shuffle``: each ``merge_size``²
-    block concatenated (space to depth, SmolVLM's ``scale_factor``) then one linear layer without bias; ``identity``: the tower's features as they
-    are (a tower whose own merger already outputs the decoder's width)."""
+    block concatenated (space to depth, SmolVLM's ``scale_factor``) then one linear layer without bias;
+    ``identity``: the tower's features as they are (a tower whose own merger already outputs the decoder's width)."""
 
     kind: Literal["mlp", "patch_merger", "pixel_shuffle", "identity"] = "mlp"
     hidden_dim: int | None = Field(default=None, gt=0, description="None: the decoder's d_model (mlp), the merged "
