@@ -30,6 +30,7 @@ class NormalizeConfig(StrictModel):
 @register_transform("normalize")
 class Normalize(Transform):
     Config = NormalizeConfig
+    batchable = True
     invertible = True
 
     @classmethod
