@@ -77,6 +77,8 @@ class PolicyTask(Task):
         super().__init__(data)
         self._meta: DatasetMeta | None = None
         self._assets: dict[str, bytes] | None = None  # set by build, or by a checkpoint's task state
+        #: set by build on the device path: the transforms of training and evaluation batches, which the loss runs
+        self.batch_transforms: tuple[BatchTransforms, BatchTransforms] | None = None
 
     # ---- the dataset -------------------------------------------------------------------------------------------
     @property
@@ -246,6 +248,7 @@ class PolicyTask(Task):
         if on_device:
             on_batch = (BatchTransforms(train.pipeline, model_cfg, train.frames.to_float),
                         BatchTransforms(self.pipeline(train=False), model_cfg, train.frames.to_float))
+        self.batch_transforms = on_batch
         pipeline = self.pipeline(train=False)
         self._assets = {**pipeline_assets(pipeline), POLICY_SPEC: self._policy_spec(model_cfg)}
         if prompts is not None:  # a served policy tokenizes its prompts as training did
