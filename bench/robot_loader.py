@@ -184,7 +184,7 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="where batches go and the device path transforms (auto: the "
                                                      "accelerator if any, else the CPU)")
     args = p.parse_args()
-    device = resolve_device(args.device)
+    target = resolve_device(args.device)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores is asked for
     if not (args.root / "meta/info.json").is_file():
         t0 = time.perf_counter()
@@ -197,25 +197,25 @@ def main() -> None:
     pipelines = {"normalize": ([normalize], 1), f"normalize + runs of {args.run}": ([normalize], args.run),
                  f"crop + normalize + runs of {args.run}": ([crop, normalize], args.run)}
     print(f"{args.workers} workers, batch {args.batch_size}, {args.batches} batches, {len(CAMERAS)} cameras {SIZE}², "
-          f"8-frame windows, 50-step actions; batches to {device}; medians of {args.repeats}; samples/s")
-    print(f"{'pipeline':<36} {'baseline':>9} {'workers':>9} {'device':>9} {'device/baseline':>16}")
+          f"8-frame windows, 50-step actions; batches to {target}; medians of {args.repeats}; samples/s")
+    print(f"{'pipeline':<36} {'baseline':>9} {'workers':>9} {'device':>9} {'workers/base':>13} {'device/base':>12}")
     for name, (transforms, run) in pipelines.items():
-        workers, _, _ = policy_data(args.root, transforms, run, "workers")
-        device, model_cfg, task = policy_data(args.root, transforms, run, "device")
-        baseline = PolicyWindows(PerSampleFrames(workers.frames), workers.pipeline, model_cfg, 0)
-        loaders = {"baseline": (baseline, None), "workers": (workers, None),
-                   "device": (device, task.batch_transforms[0])}
+        in_workers, _, _ = policy_data(args.root, transforms, run, "workers")
+        on_device, model_cfg, task = policy_data(args.root, transforms, run, "device")
+        baseline = PolicyWindows(PerSampleFrames(in_workers.frames), in_workers.pipeline, model_cfg, 0)
+        loaders = {"baseline": (baseline, None), "workers": (in_workers, None),
+                   "device": (on_device, task.batch_transforms[0])}
         rates: dict[str, list[float]] = {k: [] for k in loaders}
         for _ in range(args.repeats):
             for key, (dataset, transform) in loaders.items():
                 rates[key].append(samples_per_second(dataset, transform, args.batches, args.workers,
-                                                     args.batch_size, device))
+                                                     args.batch_size, target))
         m = {k: statistics.median(r) for k, r in rates.items()}
         print(f"{name:<36} {m['baseline']:9.1f} {m['workers']:9.1f} {m['device']:9.1f} "
-              f"{m['device'] / m['baseline']:15.2f}×", flush=True)
+              f"{m['workers'] / m['baseline']:12.2f}× {m['device'] / m['baseline']:11.2f}×", flush=True)
     if args.profile:
         torch.set_num_threads(1)
-        profile_device_path(device, task.batch_transforms[0], args.batches, args.batch_size)
+        profile_device_path(on_device, task.batch_transforms[0], args.batches, args.batch_size)
 
 
 if __name__ == "__main__":

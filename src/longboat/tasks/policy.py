@@ -233,9 +233,9 @@ class PolicyTask(Task):
         on_device = self.transforms_on_device(train_cfg)
         image_dtype = "uint8" if on_device else "float32"
 
-        def windows(episodes: list[int], train: bool) -> PolicyWindows:
-            return PolicyWindows(self._frames(model_cfg, episodes, image_dtype), self.pipeline(train, seed), model_cfg,
-                                 seed, prompts, transform=not on_device)
+        def windows(episodes: list[int], training: bool) -> PolicyWindows:
+            return PolicyWindows(self._frames(model_cfg, episodes, image_dtype), self.pipeline(training, seed),
+                                 model_cfg, seed, prompts, transform=not on_device)
 
         train = windows(train_eps, True)
         valid = None

@@ -14,10 +14,10 @@ each sample drawing from its own keyed generator in the order the workers' path 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.utils.data import Dataset
-
-from typing import Callable
 
 from longboat.data.robot import RobotDataset
 from longboat.data.robot.prompts import PromptTokens
