@@ -16,7 +16,11 @@ on a CPU-only machine the main process's work, with an accelerator the device's:
 Pipelines: ``normalize`` (cameras, state and action, mean/std); ``+ runs of 8`` (``data.epoch_run=8``: shuffled
 epochs keep runs of neighbouring rows together, so a worker decodes each frame that neighbouring windows share once;
 the baseline reads the same order but decodes every window afresh); ``+ crop`` (a random 200×200 crop first).
-``--profile`` then profiles the device path in one process (reading, collating, converting, transforming).
+A second table times the same batches in one process in CPU seconds (which other load on the machine disturbs far
+less): the workers' share per sample on each path, the device path's batch transforms when run on this CPU, and the
+ratio of the baseline's worker time to the device path's, the loader's speed-up when an accelerator takes the
+float work. ``--profile`` then profiles the device path in one process (reading, collating, converting,
+transforming).
 
     python -P bench/robot_loader.py [--episodes 8] [--frames 120] [--batches 40] [--workers 4] [--repeats 3]
 """
@@ -157,6 +161,22 @@ def samples_per_second(dataset: Dataset, transform, batches: int, workers: int, 
     return batches * batch_size / elapsed
 
 
+def cpu_ms_per_sample(dataset: Dataset, transform, order: list[list]) -> tuple[float, float]:
+    """CPU milliseconds per sample of one process reading and collating ``order``'s batches (the workers' share),
+    and of ``transform`` on them (the device path's share, here on the CPU): what each costs whatever else the
+    machine runs."""
+    read = convert = 0.0
+    for indices in order:
+        start = time.process_time()
+        batch = default_collate(dataset.__getitems__(indices))
+        middle = time.process_time()
+        if transform is not None:
+            transform(batch)
+        read, convert = read + middle - start, convert + time.process_time() - middle
+    n = sum(map(len, order))
+    return read / n * 1e3, convert / n * 1e3
+
+
 def profile_device_path(dataset: PolicyWindows, transform, batches: int, batch_size: int, top: int = 12) -> None:
     """cProfile of the device path's work in one process: read, collate, convert and transform ``batches``."""
     sampler = EpochBatchSampler(len(dataset), batch_size, 0, 1, batch_size, 0, positioned=True,
@@ -213,6 +233,21 @@ def main() -> None:
         m = {k: statistics.median(r) for k, r in rates.items()}
         print(f"{name:<36} {m['baseline']:9.1f} {m['workers']:9.1f} {m['device']:9.1f} "
               f"{m['workers'] / m['baseline']:12.2f}× {m['device'] / m['baseline']:11.2f}×", flush=True)
+    # The same batches in one process, in CPU time: what the workers spend per sample on each path, and what the
+    # device path's batch transforms cost when the "device" is this CPU (on an accelerator they leave the CPU).
+    torch.set_num_threads(1)
+    print(f"\n{'CPU ms per sample, one process':<36} {'baseline':>9} {'workers':>9} {'device':>9} "
+          f"{'+ on batch':>11} {'base/device':>12}")
+    for name, (transforms, run) in pipelines.items():
+        in_workers, _, _ = policy_data(args.root, transforms, run, "workers")
+        on_device, model_cfg, task = policy_data(args.root, transforms, run, "device")
+        baseline = PolicyWindows(PerSampleFrames(in_workers.frames), in_workers.pipeline, model_cfg, 0)
+        sampler = EpochBatchSampler(len(on_device), args.batch_size, 0, 1, args.batch_size, 0, positioned=True,
+                                    run=run)
+        order = [b for b, _ in zip(sampler, range(args.batches))]
+        (b, _), (w, _) = cpu_ms_per_sample(baseline, None, order), cpu_ms_per_sample(in_workers, None, order)
+        d, on_batch = cpu_ms_per_sample(on_device, task.batch_transforms[0], order)
+        print(f"{name:<36} {b:9.1f} {w:9.1f} {d:9.1f} {on_batch:11.1f} {b / d:11.2f}×", flush=True)
     if args.profile:
         torch.set_num_threads(1)
         profile_device_path(on_device, task.batch_transforms[0], args.batches, args.batch_size)
