@@ -83,3 +83,25 @@ def test_random_crop_draws_a_window_per_image_reproducibly_and_centres_in_eval()
     torch.testing.assert_close(build(spec).apply({TOP: img}, torch.Generator().manual_seed(1))[TOP], per_sample)
     centre = build(spec, train=False).apply({TOP: img})[TOP]
     np.testing.assert_array_equal(centre.numpy(), img.numpy()[..., 2:8, 2:9])
+
+
+def test_random_crop_on_a_batch_draws_each_samples_offsets_from_its_own_generator():
+    crop = build([{"type": "random_crop", "keys": [TOP], "size": [5, 6]}]).transforms[0]
+    batch = {TOP: torch.rand(4, 3, 3, 9, 11)}  # 4 samples of 3 frames
+
+    def generators():
+        return [torch.Generator().manual_seed(100 + i) for i in range(4)]
+
+    batched = crop.apply_batch(batch, generators())[TOP]
+    alone = torch.stack([crop.apply({TOP: batch[TOP][i]}, g)[TOP] for i, g in enumerate(generators())])
+    assert batched.shape == (4, 3, 3, 5, 6) and torch.equal(batched, alone)
+    crop.training = False  # evaluation: the centre, on a batch as on a sample
+    assert torch.equal(crop.apply_batch(batch, generators())[TOP], batch[TOP][..., 2:7, 2:8])
+
+
+def test_the_gathered_crops_of_an_accelerator_equal_the_copied_ones():
+    from longboat.data.robot.transforms.image import crop_each, gather_crops
+
+    images = torch.rand(6, 3, 9, 11)
+    tops, lefts = [0, 4, 2, 1, 3, 0], [4, 0, 3, 1, 2, 4]
+    assert torch.equal(gather_crops(images, tops, lefts, (5, 7)), crop_each(images, tops, lefts, (5, 7)))
