@@ -1,0 +1,97 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+import longboat.models  # noqa: F401  (registers the architectures)
+from longboat.data.robot.transforms import pipeline_from_assets
+from longboat.errors import LongboatError
+from longboat.models import get_model
+from longboat.models.policy.lerobot import is_lerobot_dir, read_lerobot
+from longboat.models.policy.manifest import read_policy_manifest
+
+from .conftest import TYPES, reference
+
+
+def _act(policy, obs):
+    spec = get_model(policy.arch)
+    model = spec.build(spec.config(**policy.model_config))
+    model.load_state_dict(policy.state_dict, strict=True)
+    pipeline = pipeline_from_assets(policy.assets["transforms.json"], policy.assets["transforms.safetensors"], "t")
+    x = pipeline.apply(obs)
+    return pipeline.unapply({**x, "action": model.eval().predict(x)})["action"][0]
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_imported_policy_acts_as_lerobot(lerobot_dirs, name):
+    policy = read_lerobot(lerobot_dirs[name])
+    observations, chunks = reference(lerobot_dirs[name])
+    for obs, expected in zip(observations, chunks):
+        torch.testing.assert_close(_act(policy, obs), expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(chunks[0], chunks[1])  # the observations matter
+
+
+def test_manifest_carries_lerobot_execution_settings(lerobot_dirs):
+    spec = read_policy_manifest(read_lerobot(lerobot_dirs["act_prenorm"]).assets["policy.json"], "policy.json")
+    assert (spec["horizon"], spec["n_action_steps"], spec["temporal_ensemble_coeff"]) == (8, 1, 0.01)
+    assert spec["wire_keys"] == {"observation.images.cam": "observation.images.cam",
+                                 "observation.state": "observation.state"}
+
+
+def test_detects_lerobot_directories_only(lerobot_dirs, tmp_path):
+    assert is_lerobot_dir(lerobot_dirs["act"])
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert not is_lerobot_dir(tmp_path)
+
+
+def _copy(lerobot_dirs, tmp_path, name="act"):
+    target = tmp_path / name
+    shutil.copytree(lerobot_dirs[name], target)
+    return target
+
+
+def _edit_config(directory, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _one_line_error(directory) -> str:
+    with pytest.raises(LongboatError) as info:
+        read_lerobot(directory)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_type_is_one_line(lerobot_dirs, tmp_path):
+    directory = _copy(lerobot_dirs, tmp_path)
+    _edit_config(directory, type="vqbet")
+    message = _one_line_error(directory)
+    assert "config.json" in message and "'vqbet'" in message and "act" in message
+
+
+def test_missing_processor_file_is_one_line(lerobot_dirs, tmp_path):
+    directory = _copy(lerobot_dirs, tmp_path)
+    (directory / "policy_postprocessor.json").unlink()
+    assert "policy_postprocessor.json: missing" in _one_line_error(directory)
+    (directory / "policy_preprocessor_step_3_normalizer_processor.safetensors").unlink()
+    shutil.copy(lerobot_dirs["act"] / "policy_postprocessor.json", directory)
+    assert "policy_preprocessor_step_3_normalizer_processor.safetensors: missing" in _one_line_error(directory)
+
+
+@pytest.mark.parametrize("key, value", [("feedforward_activation", "glu"), ("replace_final_stride_with_dilation", True),
+                                        ("vision_backbone", "resnet50")])
+def test_unrepresentable_option_is_one_line(lerobot_dirs, tmp_path, key, value):
+    directory = _copy(lerobot_dirs, tmp_path)
+    _edit_config(directory, **{key: value})
+    assert key in _one_line_error(directory)
+
+
+def test_unrepresentable_processor_step_is_one_line(lerobot_dirs, tmp_path):
+    directory = _copy(lerobot_dirs, tmp_path)
+    pre = json.loads((directory / "policy_preprocessor.json").read_text())
+    pre["steps"].append({"registry_name": "image_crop_resize_processor", "config": {}})
+    (directory / "policy_preprocessor.json").write_text(json.dumps(pre))
+    assert "image_crop_resize_processor" in _one_line_error(directory)
