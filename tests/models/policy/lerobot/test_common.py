@@ -1,6 +1,11 @@
 import json
+import re
 import shutil
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,3 +100,30 @@ def test_unrepresentable_processor_step_is_one_line(lerobot_dirs, tmp_path):
     pre["steps"].append({"registry_name": "image_crop_resize_processor", "config": {}})
     (directory / "policy_preprocessor.json").write_text(json.dumps(pre))
     assert "image_crop_resize_processor" in _one_line_error(directory)
+
+
+@pytest.mark.slow  # a child process imports longboat and torch (about 10 s)
+def test_longboat_serve_answers_lerobots_actions(lerobot_dirs, tmp_path):
+    """``longboat serve DIR`` on the LeRobot directory as it is, in a child process, asked by openpi's client."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    log = tmp_path / "server.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "longboat", "serve", str(lerobot_dirs["act"]), "--port", "0",
+                                 "--deterministic", "--threads", "1", "--exit-with-stdin"],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline, up = time.monotonic() + 120, None
+        while up is None and time.monotonic() < deadline and proc.poll() is None:
+            up = re.search(r"serving on ws://127\.0\.0\.1:(\d+)", log.read_text())
+            time.sleep(0.1)
+        assert up, f"the server did not come up: {log.read_text()}"
+        client = WebsocketClientPolicy("127.0.0.1", int(up[1]))
+        observations, chunks = reference(lerobot_dirs["act"])
+        for obs, expected in zip(observations, chunks):
+            wire = {k: v[0, 0].numpy() for k, v in obs.items()}
+            actions = client.infer(wire)["actions"]
+            np.testing.assert_allclose(actions, expected.numpy(), rtol=0, atol=1e-5)
+    finally:
+        proc.kill()
+        proc.wait(10)
