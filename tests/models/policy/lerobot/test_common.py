@@ -119,6 +119,7 @@ def test_longboat_serve_answers_lerobots_actions(lerobot_dirs, tmp_path):
             time.sleep(0.1)
         assert up, f"the server did not come up: {log.read_text()}"
         client = WebsocketClientPolicy("127.0.0.1", int(up[1]))
+        assert client.get_server_metadata()["n_action_steps"] == 8
         observations, chunks = reference(lerobot_dirs["act"])
         for obs, expected in zip(observations, chunks):
             wire = {k: v[0, 0].numpy() for k, v in obs.items()}
@@ -127,3 +128,13 @@ def test_longboat_serve_answers_lerobots_actions(lerobot_dirs, tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_eval_renders_what_the_lerobot_policy_reads(lerobot_dirs, tmp_path):
+    from longboat.eval.config import EvalConfig
+    from longboat.eval.orchestrator import policy_info
+
+    cfg = EvalConfig(benchmark="metaworld", tasks=["reach-v3"], policy=str(lerobot_dirs["act"]),
+                     output_dir=str(tmp_path))
+    info = policy_info(cfg)
+    assert (info.spec.cameras, info.spec.image_size, info.spec.state_dim, info.horizon) == ({"cam": "cam"}, 48, 4, 8)

@@ -126,6 +126,14 @@ def _normalizer(directory: Path, pipeline: dict, source: str, kind: str) -> tupl
     return modes, stats, float(cfg.get("eps", 1e-8))
 
 
+def _stored(feature: dict) -> dict:
+    """A feature of policy.json: as a dataset stores it (images [H, W, C]) and as the model sees it."""
+    shape = list(feature["shape"])
+    if feature["type"] == "VISUAL":
+        return {"shape": [*shape[1:], shape[0]], "dtype": "image", "model_shape": shape}
+    return {"shape": shape, "dtype": "float32", "model_shape": shape}
+
+
 def _rename_map(pipeline: dict) -> dict[str, str]:
     for step in pipeline.get("steps") or []:
         if isinstance(step, dict) and step.get("registry_name") == "rename_observations_processor":
@@ -136,6 +144,23 @@ def _rename_map(pipeline: dict) -> dict[str, str]:
 def read_lerobot(path: str | Path) -> LeRobotPolicy:
     """A LeRobot policy directory as our config, state dict and export assets; refusals name the file and key."""
     directory = Path(path)
+    converter, model_config, assets = _read_description(directory)
+    try:
+        weights = load((directory / WEIGHTS).read_bytes())
+    except SafetensorError as e:
+        raise LeRobotError(f"{directory / WEIGHTS}: not a readable safetensors file ({e})") from None
+    state_dict = converter.weights_in(weights, model_config)
+    return LeRobotPolicy(converter.lerobot_type, converter.arch, model_config, state_dict, assets)
+
+
+def lerobot_manifest(path: str | Path) -> bytes:
+    """The ``policy.json`` a LeRobot policy directory imports as, read without its weights (for evaluation's
+    set-up: what the envs must render)."""
+    return _read_description(Path(path))[2][POLICY_SPEC]
+
+
+def _read_description(directory: Path):
+    """(converter, our model config, export assets) of a LeRobot directory: everything but the weights."""
     config_path = directory / CONFIG
     config = _json(config_path)
     converter = converter_for_type(config.get("type"), f"{config_path}: type")
@@ -170,12 +195,6 @@ def read_lerobot(path: str | Path) -> LeRobotPolicy:
         pipeline = Pipeline.from_config(transforms, stats, source=str(directory / PREPROCESSOR), train=False)
     except LongboatError as e:
         raise LeRobotError(f"{directory / PREPROCESSOR}: {e}") from None
-    try:
-        weights = load((directory / WEIGHTS).read_bytes())
-    except SafetensorError as e:
-        raise LeRobotError(f"{directory / WEIGHTS}: not a readable safetensors file ({e})") from None
-    state_dict = converter.weights_in(weights, model_config)
-
     rename = _rename_map(pre)
     wire_keys = {wire: feature for wire, feature in rename.items() if feature in inputs}
     wire_keys.update({key: key for key in inputs if key not in wire_keys.values()})
@@ -185,8 +204,7 @@ def read_lerobot(path: str | Path) -> LeRobotPolicy:
         "robot_type": None,
         "horizon": model_config["horizon"],
         "n_obs_steps": model_config.get("n_obs_steps", 1),
-        "input_features": {k: {"shape": list(v["shape"]), "dtype": "image" if v["type"] == "VISUAL" else "float32",
-                               "model_shape": list(v["shape"])} for k, v in inputs.items()},
+        "input_features": {k: _stored(v) for k, v in inputs.items()},
         "output_features": {k: {"shape": list(v["shape"]), "dtype": "float32", "model_shape": list(v["shape"])}
                             for k, v in outputs.items()},
         "wire_keys": wire_keys,
@@ -198,4 +216,4 @@ def read_lerobot(path: str | Path) -> LeRobotPolicy:
     }
     assets = {**pipeline_assets(pipeline), POLICY_SPEC: (json.dumps(spec, indent=2) + "\n").encode(),
               ORIGINAL_CONFIG: config_path.read_bytes()}
-    return LeRobotPolicy(converter.lerobot_type, converter.arch, model_config, state_dict, assets)
+    return converter, model_config, assets
