@@ -50,6 +50,9 @@ class PolicyDataConfig(StrictModel):
         "once, at the cost of batches drawn from fewer episodes"))
     max_prompt_len: int | None = Field(default=None, gt=0,
                                        description="prompt tokens per sample; null: the model's max_prompt_len")
+    stats: dict[str, dict[str, list]] | None = Field(
+        default=None, description="feature -> statistic -> values replacing the dataset's (an imported policy's "
+        "own normalisation: model.lerobot sets them, so a resumed run needs the policy's directory no more)")
 
     @model_validator(mode="after")
     def _one_split(self):
@@ -111,7 +114,8 @@ class PolicyTask(Task):
         return train, valid
 
     def pipeline(self, train: bool, seed: int = 0) -> Pipeline:
-        return Pipeline.from_config(self.data.transforms, self.meta.stats or {}, source=self.data.path + " stats",
+        stats = {**(self.meta.stats or {}), **(self.data.stats or {})}
+        return Pipeline.from_config(self.data.transforms, stats, source=self.data.path + " stats",
                                     prefix="data.transforms", seed=seed, train=train)
 
     def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:

@@ -4,8 +4,9 @@ policy directories in and out (``lerobot``, reached from outside models/ through
 from longboat.models.policy.base import Policy, PolicyConfig
 from longboat.models.generative.keyed_random import keyed_normal, keyed_randint, keyed_uniform, noise_key
 from longboat.models.policy import act, diffusion, flow_vla, mlp  # noqa: F401  (each registers its architecture)
-from longboat.models.policy.lerobot import (LeRobotError, is_lerobot_dir, lerobot_manifest, read_lerobot,
+from longboat.models.policy.lerobot import (LeRobotError, is_lerobot_dir, lerobot_manifest, lerobot_source,
+                                            read_lerobot,
                                             write_lerobot)
 
 __all__ = ["LeRobotError", "Policy", "PolicyConfig", "is_lerobot_dir", "keyed_normal", "keyed_randint",
-           "keyed_uniform", "lerobot_manifest", "noise_key", "read_lerobot", "write_lerobot"]
+           "keyed_uniform", "lerobot_manifest", "lerobot_source", "noise_key", "read_lerobot", "write_lerobot"]

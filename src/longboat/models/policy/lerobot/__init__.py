@@ -2,9 +2,9 @@
 
 from longboat.models.policy.lerobot import act  # noqa: F401  (registers "act")
 from longboat.models.policy.lerobot.common import (ORIGINAL_CONFIG, LeRobotPolicy, is_lerobot_dir,
-                                                   lerobot_manifest, read_lerobot)
+                                                   lerobot_manifest, lerobot_source, read_lerobot)
 from longboat.models.policy.lerobot.registry import CONVERTERS, LeRobotError, converter_for_arch
 from longboat.models.policy.lerobot.writer import write_lerobot
 
 __all__ = ["CONVERTERS", "ORIGINAL_CONFIG", "LeRobotError", "LeRobotPolicy", "converter_for_arch",
-           "is_lerobot_dir", "lerobot_manifest", "read_lerobot", "write_lerobot"]
+           "is_lerobot_dir", "lerobot_manifest", "lerobot_source", "read_lerobot", "write_lerobot"]

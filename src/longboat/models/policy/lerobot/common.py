@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, load_file
 
 from longboat.data.robot.transforms import Pipeline, pipeline_assets
+from longboat.data.robot.transforms.export import TRANSFORMS_CONFIG, TRANSFORMS_STATS
 from longboat.errors import LongboatError
 from longboat.models.policy.lerobot.registry import LeRobotError, converter_for_type
 from longboat.models.policy.manifest import POLICY_SPEC, POLICY_SPEC_VERSION
@@ -157,6 +158,18 @@ def lerobot_manifest(path: str | Path) -> bytes:
     """The ``policy.json`` a LeRobot policy directory imports as, read without its weights (for evaluation's
     set-up: what the envs must render)."""
     return _read_description(Path(path))[2][POLICY_SPEC]
+
+
+def lerobot_source(path: str | Path) -> tuple[str, dict, list[dict], dict[str, dict[str, list]]]:
+    """What a run starting from a LeRobot policy needs besides its weights: the architecture, the model config,
+    the transform list and the statistics it reads (plain lists, for the run's config)."""
+    converter, model_config, assets = _read_description(Path(path))
+    transforms = json.loads(assets[TRANSFORMS_CONFIG])["transforms"]
+    stats: dict[str, dict[str, list]] = {}
+    for key, value in load(assets[TRANSFORMS_STATS]).items():
+        feature, _, stat = key.rpartition("/")
+        stats.setdefault(feature, {})[stat] = value.tolist()
+    return converter.arch, model_config, transforms, stats
 
 
 def _read_description(directory: Path):
