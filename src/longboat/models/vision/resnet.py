@@ -24,6 +24,8 @@ class ResNetConfig(StrictModel):
     blocks: list[int] = Field(default=[2, 2, 2, 2], min_length=1, description="basic blocks per stage")
     norm: Literal["group", "batch", "frozen_batch"] = "group"
     groups: int = Field(default=16, gt=0, description="GroupNorm groups (each width must divide by it)")
+    group_size: int | None = Field(default=None, gt=0, description="channels per GroupNorm group, overriding "
+                                   "groups (16: torchvision-style GroupNorm(C // 16, C), as Diffusion Policy builds)")
     stem_stride: int = Field(default=4, ge=1, description="4: 7x7/2 convolution then 3x3/2 max pool, as ResNet")
 
     @property
@@ -63,6 +65,10 @@ def _norm(cfg: ResNetConfig, channels: int) -> nn.Module:
         return FrozenBatchNorm2d(channels)
     if cfg.norm == "batch":
         return nn.BatchNorm2d(channels)
+    if cfg.group_size is not None:
+        if channels % cfg.group_size:
+            raise ValueError(f"width {channels} is not divisible by group_size={cfg.group_size}")
+        return nn.GroupNorm(channels // cfg.group_size, channels)
     if channels % cfg.groups:
         raise ValueError(f"width {channels} is not divisible by groups={cfg.groups}")
     return nn.GroupNorm(cfg.groups, channels)

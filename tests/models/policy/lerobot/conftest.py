@@ -13,9 +13,9 @@ import torch
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
-from lerobot_policy_weights import observation, write_weights  # noqa: E402
+from lerobot_policy_weights import noise, observation, write_weights  # noqa: E402
 
-TYPES = ("act", "act_prenorm")
+TYPES = ("act", "act_prenorm", "diffusion", "diffusion_ddpm")
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +33,18 @@ def lerobot_dirs(tmp_path_factory) -> dict[str, Path]:
 def reference(directory: Path) -> tuple[list[dict[str, torch.Tensor]], list[torch.Tensor]]:
     """The fixture's observations (batch and time axes added) and LeRobot's chunks for them."""
     ref = json.loads((directory / "reference.json").read_text())
-    observations = [{k: torch.from_numpy(v)[None, None] for k, v in observation(seed, ref["observation_shapes"]).items()}
-                    for seed in ref["seeds"]]
+    time_axis = json.loads((directory / "config.json").read_text())["n_obs_steps"] == 1
+    observations = [{k: torch.from_numpy(v)[None, None] if time_axis else torch.from_numpy(v)[None]
+                     for k, v in observation(seed, ref["observation_shapes"]).items()} for seed in ref["seeds"]]
     return observations, [torch.tensor(c) for c in ref["chunks"]]
+
+
+def seeds(directory: Path) -> list[int]:
+    return json.loads((directory / "reference.json").read_text())["seeds"]
+
+
+def lerobot_noise(seed: int, shape: list[int]):
+    """The noise the fixture gave LeRobot's diffusion sampler: the initial draw, and a per-step draw function
+    repeating the torch generator LeRobot's scheduler drew from."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.from_numpy(noise(seed, shape)), lambda i: torch.randn(shape, generator=generator)

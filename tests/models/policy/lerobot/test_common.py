@@ -15,25 +15,35 @@ from longboat.errors import LongboatError
 from longboat.models import get_model
 from longboat.models.policy.lerobot import is_lerobot_dir, read_lerobot
 from longboat.models.policy.manifest import read_policy_manifest
+from longboat.recipes.artifact import open_artifact
+from longboat.serving.policy_bundle import open_policy
 
-from .conftest import TYPES, reference
+from .conftest import TYPES, lerobot_noise, reference, seeds
 
 
-def _act(policy, obs):
+def _act(policy, obs, seed):
+    """The chunk in robot units; a diffusion policy denoises the fixture's noise (LeRobot's draws)."""
     spec = get_model(policy.arch)
-    model = spec.build(spec.config(**policy.model_config))
+    cfg = spec.config(**policy.model_config)
+    model = spec.build(cfg).eval()
     model.load_state_dict(policy.state_dict, strict=True)
     pipeline = pipeline_from_assets(policy.assets["transforms.json"], policy.assets["transforms.safetensors"], "t")
     x = pipeline.apply(obs)
-    return pipeline.unapply({**x, "action": model.eval().predict(x)})["action"][0]
+    if policy.arch == "diffusion":
+        n_actions = read_policy_manifest(policy.assets["policy.json"], "policy.json")["n_action_steps"]
+        initial, step_noise = lerobot_noise(seed, [1, cfg.horizon, cfg.action_dim])
+        chunk = model.denoise(model.encoder(x), initial, step_noise)[:, cfg.first_action:cfg.first_action + n_actions]
+    else:
+        chunk = model.predict(x)
+    return pipeline.unapply({**x, "action": chunk})["action"][0]
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_imported_policy_acts_as_lerobot(lerobot_dirs, name):
     policy = read_lerobot(lerobot_dirs[name])
     observations, chunks = reference(lerobot_dirs[name])
-    for obs, expected in zip(observations, chunks):
-        torch.testing.assert_close(_act(policy, obs), expected, rtol=0, atol=1e-5)
+    for obs, seed, expected in zip(observations, seeds(lerobot_dirs[name]), chunks):
+        torch.testing.assert_close(_act(policy, obs, seed), expected, rtol=0, atol=1e-5)
     assert not torch.allclose(chunks[0], chunks[1])  # the observations matter
 
 
@@ -103,13 +113,16 @@ def test_unrepresentable_processor_step_is_one_line(lerobot_dirs, tmp_path):
 
 
 @pytest.mark.slow  # a child process imports longboat and torch (about 10 s)
-def test_longboat_serve_answers_lerobots_actions(lerobot_dirs, tmp_path):
-    """``longboat serve DIR`` on the LeRobot directory as it is, in a child process, asked by openpi's client."""
+@pytest.mark.parametrize("name", ["act", "diffusion"])
+def test_longboat_serve_answers_lerobots_actions(lerobot_dirs, tmp_path, name):
+    """``longboat serve DIR`` on the LeRobot directory as it is, in a child process, asked by openpi's client. ACT
+    answers LeRobot's chunks; a diffusion policy draws its noise from the request's seed, so it answers what the
+    imported model (whose chunks equal LeRobot's for equal noise, above) gives for that seed."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     log = tmp_path / "server.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "longboat", "serve", str(lerobot_dirs["act"]), "--port", "0",
+        proc = subprocess.Popen([sys.executable, "-m", "longboat", "serve", str(lerobot_dirs[name]), "--port", "0",
                                  "--deterministic", "--threads", "1", "--exit-with-stdin"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
     try:
@@ -119,11 +132,16 @@ def test_longboat_serve_answers_lerobots_actions(lerobot_dirs, tmp_path):
             time.sleep(0.1)
         assert up, f"the server did not come up: {log.read_text()}"
         client = WebsocketClientPolicy("127.0.0.1", int(up[1]))
-        assert client.get_server_metadata()["n_action_steps"] == 8
-        observations, chunks = reference(lerobot_dirs["act"])
-        for obs, expected in zip(observations, chunks):
-            wire = {k: v[0, 0].numpy() for k, v in obs.items()}
-            actions = client.infer(wire)["actions"]
+        assert client.get_server_metadata()["n_action_steps"] == (8 if name == "act" else 4)
+        observations, chunks = reference(lerobot_dirs[name])
+        bundle = open_policy(open_artifact(lerobot_dirs[name]))
+        for seed, (obs, expected) in enumerate(zip(observations, chunks)):
+            if name == "act":
+                wire = {k: v[0, 0].numpy() for k, v in obs.items()}
+            else:  # the observation window on the wire: [n_obs_steps, ...]
+                wire = {k: v[0].numpy() for k, v in obs.items()}
+                expected = bundle.act(obs, noise_key=torch.tensor([seed]))[0]
+            actions = client.infer({**wire, "seed": seed})["actions"]
             np.testing.assert_allclose(actions, expected.numpy(), rtol=0, atol=1e-5)
     finally:
         proc.kill()

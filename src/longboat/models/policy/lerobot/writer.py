@@ -84,7 +84,7 @@ def write_lerobot(out_dir: Path, arch: str, model_config: dict, state_dict: dict
     spec = read_policy_manifest(_bytes(assets, POLICY_SPEC, source), f"{source}/{POLICY_SPEC}")
     if spec.get("n_action_steps") is not None:
         base["n_action_steps"] = spec["n_action_steps"]
-    if "temporal_ensemble_coeff" in spec:
+    if spec.get("temporal_ensemble_coeff") is not None or (arch == "act" and "temporal_ensemble_coeff" in spec):
         base["temporal_ensemble_coeff"] = spec["temporal_ensemble_coeff"]
     config = converter.config_out(model_config, base)
     modes, stats, eps = _normalisation(assets, source)
