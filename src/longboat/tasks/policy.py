@@ -322,11 +322,12 @@ def action_errors(policy, batch: dict, pipeline: Pipeline, cfg: PolicyConfig,
     """Mean absolute error of ``predict``'s chunk over the real steps, in robot units: overall and per dimension."""
     obs = {k: v for k, v in batch.items() if k not in (cfg.action_feature, "action_is_pad")}
     pred = policy.predict(obs, noise_key=batch["noise_key"]).float()
+    first = batch[cfg.action_feature].shape[1] - pred.shape[1]  # a chunk predicted from a later step (first_action)
     context = {cfg.state_feature: batch[cfg.state_feature]} if cfg.state_feature is not None else {}
     robot_pred = pipeline.unapply({**context, cfg.action_feature: pred})[cfg.action_feature]
-    target = batch[cfg.action_feature].float()
+    target = batch[cfg.action_feature][:, first:].float()
     robot_true = pipeline.unapply({**context, cfg.action_feature: target})[cfg.action_feature]
-    real = (~batch["action_is_pad"]).float().unsqueeze(-1)  # [B, H, 1]
+    real = (~batch["action_is_pad"][:, first:]).float().unsqueeze(-1)  # [B, H, 1]
     per_dim = ((robot_pred - robot_true).abs() * real).sum(1) / real.sum(1).clamp(min=1)  # [B, A]
     per_dim = per_dim.mean(0)
     return {"action_mae": per_dim.mean(), **{f"action_mae/{name}": v for name, v in zip(action_names, per_dim)}}
