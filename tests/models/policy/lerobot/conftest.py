@@ -15,7 +15,7 @@ sys.path.insert(0, str(FIXTURES))
 
 from lerobot_policy_weights import noise, observation, write_weights  # noqa: E402
 
-TYPES = ("act", "act_prenorm", "diffusion", "diffusion_ddpm")
+TYPES = ("act", "act_prenorm", "diffusion", "diffusion_ddpm", "diffusion_crop")
 
 
 @pytest.fixture(scope="session")

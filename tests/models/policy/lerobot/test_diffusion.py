@@ -6,7 +6,7 @@ from longboat.models.policy.lerobot.diffusion import DIFFUSION_CONVERTER, keypoi
 
 
 def test_weights_round_trip_byte_equal(lerobot_dirs):
-    for name in ("diffusion", "diffusion_ddpm"):
+    for name in ("diffusion", "diffusion_ddpm", "diffusion_crop"):
         original = load_file(str(lerobot_dirs[name] / "model.safetensors"))
         cfg = DIFFUSION_CONVERTER.config_in(json.loads((lerobot_dirs[name] / "config.json").read_text()), "config.json")
         back = DIFFUSION_CONVERTER.weights_out(DIFFUSION_CONVERTER.weights_in(original, cfg), cfg)

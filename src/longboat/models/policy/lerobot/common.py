@@ -127,11 +127,11 @@ def _normalizer(directory: Path, pipeline: dict, source: str, kind: str) -> tupl
     return modes, stats, float(cfg.get("eps", 1e-8))
 
 
-def _stored(feature: dict) -> dict:
-    """A feature of policy.json: as a dataset stores it (images [H, W, C]) and as the model sees it."""
+def _stored(feature: dict, model_shape: list[int] | None) -> dict:
+    """A feature of policy.json: as a dataset stores it (images [H, W, C]) and as the model sees it (cropped)."""
     shape = list(feature["shape"])
     if feature["type"] == "VISUAL":
-        return {"shape": [*shape[1:], shape[0]], "dtype": "image", "model_shape": shape}
+        return {"shape": [*shape[1:], shape[0]], "dtype": "image", "model_shape": list(model_shape or shape)}
     return {"shape": shape, "dtype": "float32", "model_shape": shape}
 
 
@@ -204,6 +204,7 @@ def _read_description(directory: Path):
     transforms = []
     if any(mode != "identity" for mode in modes.values()):
         transforms.append({"type": "normalize", "features": modes, "eps": eps})
+    transforms += converter.transforms_in(config)  # after normalising, as the model does
     try:
         pipeline = Pipeline.from_config(transforms, stats, source=str(directory / PREPROCESSOR), train=False)
     except LongboatError as e:
@@ -217,7 +218,7 @@ def _read_description(directory: Path):
         "robot_type": None,
         "horizon": model_config["horizon"],
         "n_obs_steps": model_config.get("n_obs_steps", 1),
-        "input_features": {k: _stored(v) for k, v in inputs.items()},
+        "input_features": {k: _stored(v, model_config["image_features"].get(k)) for k, v in inputs.items()},
         "output_features": {k: {"shape": list(v["shape"]), "dtype": "float32", "model_shape": list(v["shape"])}
                             for k, v in outputs.items()},
         "wire_keys": wire_keys,

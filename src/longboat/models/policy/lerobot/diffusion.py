@@ -6,7 +6,11 @@ diffusers' DDPM or DDIM scheduler (float32 tables, "leading" timesteps); its chu
 (``n_obs_steps - 1``). Ours gains the options for each (``vision.group_size``, ``shared_camera_encoder``,
 ``sampler``, ``spacing``, ``float32_tables``, ``first_action``, ``final_n_groups``); tensors are renamed only.
 
-Refused, naming the key: resizing or cropping inside the model, an environment-state input, a backbone other than
+Its in-model crop (``crop_shape``, random while training unless ``crop_is_random`` is false) becomes a
+``random_crop`` or ``center_crop`` transform after the normalisation (the two commute: normalisation is per
+channel), centred at torchvision's offset.
+
+Refused, naming the key: resizing inside the model, an environment-state input, a backbone other than
 ResNet-18/34, linear betas other than 1e-4..0.02, cameras in an order other than sorted.
 """
 
@@ -37,10 +41,9 @@ def config_in(config: dict, source: str) -> dict:
                       "Policy does not read")
     if _STATE not in inputs:
         raise _refuse(source, "input_features", f"lacks {_STATE}, which LeRobot's Diffusion Policy reads")
-    for key in ("resize_shape", "crop_shape"):
-        if config.get(key) is not None:
-            raise _refuse(source, key, f"= {config[key]}: longboat resizes and crops in the data transforms, not "
-                          "inside the model")
+    if config.get("resize_shape") is not None:
+        raise _refuse(source, "resize_shape", f"= {config['resize_shape']}: longboat's Diffusion Policy does not "
+                      "resize inside the model")
     backbone = config.get("vision_backbone", "resnet18")
     if backbone not in _BACKBONES:
         raise _refuse(source, "vision_backbone", f"= {backbone!r}: longboat reads {', '.join(_BACKBONES)}")
@@ -62,8 +65,9 @@ def config_in(config: dict, source: str) -> dict:
     keypoints = int(config.get("spatial_softmax_num_keypoints", 32))
     n_obs = int(config.get("n_obs_steps", 2))
     train_steps = int(config.get("num_train_timesteps", 100))
+    crop = config.get("crop_shape")
     return {
-        "image_features": {k: list(inputs[k]["shape"]) for k in cameras},
+        "image_features": {k: [inputs[k]["shape"][0], *crop] if crop else list(inputs[k]["shape"]) for k in cameras},
         "state_feature": _STATE, "state_dim": int(inputs[_STATE]["shape"][0]),
         "action_feature": actions[0], "action_dim": int(outputs[actions[0]]["shape"][0]),
         "horizon": int(config.get("horizon", 16)), "n_obs_steps": n_obs, "first_action": n_obs - 1,
@@ -96,13 +100,20 @@ def config_out(cfg: dict, base: dict) -> dict:
             "leading", True, _FINAL_GROUPS, 2 * cfg["keypoints"]) or cfg["first_action"] != cfg["n_obs_steps"] - 1:
         raise LeRobotError("model: LeRobot's Diffusion Policy has spacing: leading, float32_tables: true, "
                            "final_n_groups: 8, image_feature_dim = 2 * keypoints and first_action = n_obs_steps - 1")
-    inputs = {k: {"type": "VISUAL", "shape": list(v)} for k, v in sorted(cfg["image_features"].items())}
+    crop = base.get("crop_shape")
+    known = base.get("input_features") or {}
+    if crop is not None and any(k not in known for k in cfg["image_features"]):
+        raise LeRobotError("model.image_features: a cropping policy's LeRobot config needs its cameras' uncropped "
+                           "shapes, which its policy.json does not give")
+    inputs = {k: {"type": "VISUAL", "shape": list(known[k]["shape"]) if crop is not None else list(v)}
+              for k, v in sorted(cfg["image_features"].items())}
     inputs[_STATE] = {"type": "STATE", "shape": [cfg["state_dim"]]}
     out = dict(base)
     out.update({
         "type": "diffusion", "n_obs_steps": cfg["n_obs_steps"], "horizon": cfg["horizon"], "input_features": inputs,
         "output_features": {cfg["action_feature"]: {"type": "ACTION", "shape": [cfg["action_dim"]]}},
-        "vision_backbone": names[tuple(vision["blocks"])], "resize_shape": None, "crop_shape": None,
+        "vision_backbone": names[tuple(vision["blocks"])], "resize_shape": None, "crop_shape": crop,
+        "crop_is_random": bool(base.get("crop_is_random", True)),
         "use_group_norm": vision["norm"] == "group", "spatial_softmax_num_keypoints": cfg["keypoints"],
         "use_separate_rgb_encoder_per_camera": not cfg["shared_camera_encoder"], "down_dims": list(cfg["down_dims"]),
         "kernel_size": cfg["kernel_size"], "n_groups": cfg["n_groups"], "diffusion_step_embed_dim": cfg["step_embed_dim"],
@@ -227,5 +238,25 @@ def weights_out(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
     return out
 
 
+def transforms_in(config: dict) -> list[dict]:
+    """LeRobot's in-model crop as our transform after the normalisation: random while training (LeRobot's
+    ``crop_is_random``), else the centre crop at torchvision's offset."""
+    crop = config.get("crop_shape")
+    if crop is None:
+        return []
+    cameras = [k for k, f in config["input_features"].items() if f["type"] == "VISUAL"]
+    kind = "random_crop" if config.get("crop_is_random", True) else "center_crop"
+    return [{"type": kind, "keys": cameras, "size": list(crop), "centre": "round"}]
+
+
+def transforms_out(specs: list[dict], source: str) -> dict:
+    """config.json's crop keys for the transforms after the normalisation: one crop of every camera or none."""
+    if len(specs) != 1 or specs[0].get("type") not in ("random_crop", "center_crop") or \
+            specs[0].get("centre") != "round":
+        raise LeRobotError(f"{source}: transforms {[s.get('type') for s in specs]} after the normalisation: "
+                           "LeRobot's Diffusion Policy holds one crop (random_crop or center_crop, centre: round)")
+    return {"crop_shape": list(specs[0]["size"]), "crop_is_random": specs[0]["type"] == "random_crop"}
+
+
 DIFFUSION_CONVERTER = register_converter(Converter("diffusion", "diffusion", config_in, config_out, weights_in,
-                                                   weights_out))
+                                                   weights_out, transforms_in, transforms_out))

@@ -30,6 +30,10 @@ class Converter:
     config_out: Callable[[dict, dict], dict]
     weights_in: Callable[[dict[str, torch.Tensor], dict], dict[str, torch.Tensor]]
     weights_out: Callable[[dict[str, torch.Tensor], dict], dict[str, torch.Tensor]]
+    #: the image transforms the policy applies inside its model (after normalisation), as longboat transforms
+    transforms_in: Callable[[dict], list[dict]] = lambda config: []
+    #: config.json keys for the transforms an export lists after its normalisation (refusing what has no key)
+    transforms_out: Callable[[list[dict], str], dict] | None = None
 
 
 CONVERTERS: Registry = Registry("LeRobot policy type")

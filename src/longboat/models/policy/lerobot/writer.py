@@ -32,22 +32,28 @@ def _bytes(assets: dict[str, Path | bytes], name: str, source: str) -> bytes:
     return value.read_bytes() if isinstance(value, Path) else value
 
 
-def _normalisation(assets: dict, source: str) -> tuple[dict[str, str], dict[str, dict[str, torch.Tensor]], float]:
+def _normalisation(assets: dict, source: str, converter) -> tuple[dict[str, str], dict, float, dict]:
+    """(feature -> mode, statistics, eps, config.json keys of the transforms after the normalisation)."""
     pipeline = pipeline_from_assets(_bytes(assets, TRANSFORMS_CONFIG, source), _bytes(assets, TRANSFORMS_STATS, source),
                                     f"{source}/{TRANSFORMS_CONFIG}")
     specs = pipeline.to_dict()
-    if len(specs) > 1 or (specs and specs[0].get("type") != "normalize"):
-        names = [s.get("type") for s in specs]
-        raise LeRobotError(f"{source}/{TRANSFORMS_CONFIG}: transforms {names}: LeRobot's processors hold one "
-                           "normalisation; other transforms have no LeRobot counterpart")
+    normalize = specs[:1] if specs and specs[0].get("type") == "normalize" else []
+    rest = specs[len(normalize):]
+    keys = {}
+    if rest:
+        if converter.transforms_out is None:
+            raise LeRobotError(f"{source}/{TRANSFORMS_CONFIG}: transforms {[s.get('type') for s in specs]}: LeRobot's "
+                               "processors hold one normalisation; other transforms have no LeRobot counterpart")
+        keys = converter.transforms_out(rest, f"{source}/{TRANSFORMS_CONFIG}")
+    specs = normalize
     if not specs:
-        return {}, {}, 1e-8
+        return {}, {}, 1e-8, keys
     flat = pipeline.state_dict()
     stats: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in flat.items():
         feature, _, stat = key.rpartition("/")
         stats.setdefault(feature, {})[stat] = value
-    return dict(specs[0]["features"]), stats, float(specs[0].get("eps", 1e-6))
+    return dict(specs[0]["features"]), stats, float(specs[0].get("eps", 1e-6)), keys
 
 
 def _feature_types(config: dict) -> dict[str, dict]:
@@ -82,12 +88,15 @@ def write_lerobot(out_dir: Path, arch: str, model_config: dict, state_dict: dict
     base = json.loads(assets[ORIGINAL_CONFIG]) if isinstance(assets.get(ORIGINAL_CONFIG), bytes) else (
         json.loads(assets[ORIGINAL_CONFIG].read_text()) if ORIGINAL_CONFIG in assets else {})
     spec = read_policy_manifest(_bytes(assets, POLICY_SPEC, source), f"{source}/{POLICY_SPEC}")
+    if "input_features" not in base:  # the cameras as stored ([H, W, C]), for a policy that crops them
+        base["input_features"] = {k: {"type": "VISUAL", "shape": [v["shape"][-1], *v["shape"][:2]]}
+                                  for k, v in spec["input_features"].items() if len(v["shape"]) == 3}
     if spec.get("n_action_steps") is not None:
         base["n_action_steps"] = spec["n_action_steps"]
     if spec.get("temporal_ensemble_coeff") is not None or (arch == "act" and "temporal_ensemble_coeff" in spec):
         base["temporal_ensemble_coeff"] = spec["temporal_ensemble_coeff"]
-    config = converter.config_out(model_config, base)
-    modes, stats, eps = _normalisation(assets, source)
+    modes, stats, eps, transform_keys = _normalisation(assets, source, converter)
+    config = converter.config_out(model_config, {**base, **transform_keys})
     features = _feature_types(config)
     norm_map = _norm_map(modes, features, source)
     for key in features:
