@@ -104,6 +104,24 @@ def test_unrepresentable_option_is_one_line(lerobot_dirs, tmp_path, key, value):
     assert key in _one_line_error(directory)
 
 
+@pytest.mark.parametrize("key, value", [("resize_shape", [32, 32]), ("noise_scheduler_type", "DPMSolver"),
+                                        ("beta_schedule", "scaled_linear")])
+def test_unrepresentable_diffusion_option_is_one_line(lerobot_dirs, tmp_path, key, value):
+    directory = _copy(lerobot_dirs, tmp_path, "diffusion")
+    _edit_config(directory, **{key: value})
+    assert key in _one_line_error(directory)
+
+
+def test_convert_refuses_what_is_not_a_lerobot_directory(tmp_path):
+    from longboat.recipes.convert import lerobot_to_longboat
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(LongboatError, match="not a LeRobot policy directory") as info:
+        lerobot_to_longboat(tmp_path / "hf", tmp_path / "out")
+    assert "\n" not in str(info.value)
+
+
 def test_unrepresentable_processor_step_is_one_line(lerobot_dirs, tmp_path):
     directory = _copy(lerobot_dirs, tmp_path)
     pre = json.loads((directory / "policy_preprocessor.json").read_text())
