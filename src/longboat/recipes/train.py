@@ -21,7 +21,6 @@ from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime
 from longboat.distributed.full_state import full_model_state
 from longboat.distributed.parallelize import parallelize
 from longboat.distributed.rank0_weights import load_from_rank0
-from longboat.models.policy import read_lerobot
 from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
 from longboat.recipes.preflight import Preflight, preflight
@@ -100,6 +99,8 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
     if resolved.source.hf is not None:
         _load_hf_weights(model, resolved.source.hf, resolved, runtime)
     elif resolved.source.lerobot is not None:
+        from longboat.models.policy import read_lerobot  # the converters: imported where a run starts from LeRobot
+
         every_rank = cfg.parallel.pp > 1
         weights = [read_lerobot(resolved.source.lerobot).state_dict] if runtime.rank == 0 or every_rank else None
         _load_weights(model, weights, runtime, every_rank)
