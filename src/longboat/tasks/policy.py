@@ -56,6 +56,9 @@ class PolicyDataConfig(StrictModel):
         "draws), 'auto' (the device when training on an accelerator, else the workers)"))
     max_prompt_len: int | None = Field(default=None, gt=0,
                                        description="prompt tokens per sample; null: the model's max_prompt_len")
+    stats: dict[str, dict[str, list]] | None = Field(
+        default=None, description="feature -> statistic -> values replacing the dataset's (an imported policy's "
+        "own normalisation: model.lerobot sets them, so a resumed run needs the policy's directory no more)")
 
     @model_validator(mode="after")
     def _one_split(self):
@@ -119,7 +122,8 @@ class PolicyTask(Task):
         return train, valid
 
     def pipeline(self, train: bool, seed: int = 0) -> Pipeline:
-        return Pipeline.from_config(self.data.transforms, self.meta.stats or {}, source=self.data.path + " stats",
+        stats = {**(self.meta.stats or {}), **(self.data.stats or {})}
+        return Pipeline.from_config(self.data.transforms, stats, source=self.data.path + " stats",
                                     prefix="data.transforms", seed=seed, train=train)
 
     def _frames(self, cfg: PolicyConfig, episodes: list[int], image_dtype: str = "float32") -> RobotDataset:
@@ -350,11 +354,12 @@ def action_errors(policy, batch: dict, pipeline: Pipeline, cfg: PolicyConfig,
     """Mean absolute error of ``predict``'s chunk over the real steps, in robot units: overall and per dimension."""
     obs = {k: v for k, v in batch.items() if k not in (cfg.action_feature, "action_is_pad")}
     pred = policy.predict(obs, noise_key=batch["noise_key"]).float()
+    first = batch[cfg.action_feature].shape[1] - pred.shape[1]  # a chunk predicted from a later step (first_action)
     context = {cfg.state_feature: batch[cfg.state_feature]} if cfg.state_feature is not None else {}
     robot_pred = pipeline.unapply({**context, cfg.action_feature: pred})[cfg.action_feature]
-    target = batch[cfg.action_feature].float()
+    target = batch[cfg.action_feature][:, first:].float()
     robot_true = pipeline.unapply({**context, cfg.action_feature: target})[cfg.action_feature]
-    real = (~batch["action_is_pad"]).float().unsqueeze(-1)  # [B, H, 1]
+    real = (~batch["action_is_pad"][:, first:]).float().unsqueeze(-1)  # [B, H, 1]
     per_dim = ((robot_pred - robot_true).abs() * real).sum(1) / real.sum(1).clamp(min=1)  # [B, A]
     per_dim = per_dim.mean(0)
     return {"action_mae": per_dim.mean(), **{f"action_mae/{name}": v for name, v in zip(action_names, per_dim)}}

@@ -29,9 +29,13 @@ _INT63 = (1 << 63) - 1
 
 
 def delta_timestamps(cfg: PolicyConfig, fps: float) -> dict[str, list[float]]:
-    """Observation windows ending at the sample's frame, and the action chunk starting there."""
+    """Observation windows ending at the sample's frame, and the action chunk starting there, or ``first_action``
+    frames earlier for a policy whose chunk starts in the past (LeRobot's Diffusion Policy: at the first observed
+    frame, its ``predict`` returning the chunk from the current frame on)."""
     past = [(i - cfg.n_obs_steps + 1) / fps for i in range(cfg.n_obs_steps)]
-    return {**{key: past for key in observation_keys(cfg)}, cfg.action_feature: [i / fps for i in range(cfg.horizon)]}
+    first = getattr(cfg, "first_action", 0)
+    return {**{key: past for key in observation_keys(cfg)},
+            cfg.action_feature: [(i - first) / fps for i in range(cfg.horizon)]}
 
 
 def keyed_generator(key: int) -> torch.Generator:

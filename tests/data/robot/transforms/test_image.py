@@ -63,6 +63,15 @@ def test_center_crop_matches_slicing_and_refuses_small_images():
         build([{"type": "center_crop", "keys": [TOP], "size": [12, 9]}]).apply({TOP: img})
 
 
+def test_center_crop_rounds_its_offset_as_torchvision_when_asked():
+    img = torch.rand(2, 3, 48, 64)  # rooms 7 and 7: half is 3.5, which torchvision rounds to 4 (half to even)
+    out = build([{"type": "center_crop", "keys": [TOP], "size": [41, 57], "centre": "round"}]).apply({TOP: img})[TOP]
+    np.testing.assert_array_equal(out.numpy(), img.numpy()[..., 4:45, 4:61])
+    img = torch.rand(2, 3, 46, 64)  # room 5: 2.5 rounds to 2
+    out = build([{"type": "center_crop", "keys": [TOP], "size": [41, 57], "centre": "round"}]).apply({TOP: img})[TOP]
+    np.testing.assert_array_equal(out.numpy(), img.numpy()[..., 2:43, 4:61])
+
+
 def test_random_crop_draws_a_window_per_image_reproducibly_and_centres_in_eval():
     img = torch.rand(3, 2, 3, 10, 12)
     spec = [{"type": "random_crop", "keys": [TOP], "size": [6, 7]}]

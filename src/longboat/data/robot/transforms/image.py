@@ -56,6 +56,8 @@ class ResizePad(Transform):
 class CropConfig(StrictModel):
     keys: list[str] = Field(min_length=1, description="image features to crop")
     size: tuple[PositiveInt, PositiveInt] = Field(description="[height, width] of the crop")
+    centre: Literal["floor", "round"] = Field(default="floor", description="the centre crop's offset: half the "
+                                              "room rounded down (floor) or to even (round, torchvision's)")
 
 
 def _crop_offsets(images: torch.Tensor, size: tuple[int, int], key: str, transform: str) -> tuple[int, int]:
@@ -72,7 +74,10 @@ def _center_crop(item: dict, cfg: CropConfig, transform: str) -> dict:
     for key in cfg.keys:
         x = image_of(item, key, transform)
         room_h, room_w = _crop_offsets(x, cfg.size, key, transform)
-        top, left = room_h // 2, room_w // 2
+        if cfg.centre == "round":  # torchvision's CenterCrop: Python's round, halves to even
+            top, left = int(round(room_h / 2.0)), int(round(room_w / 2.0))
+        else:
+            top, left = room_h // 2, room_w // 2
         out[key] = x[..., top:top + ch, left:left + cw]
     return out
 
