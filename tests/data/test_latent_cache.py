@@ -165,6 +165,7 @@ def test_a_changed_clip_file_makes_a_new_cache(tmp_path):
     (["--source", "{tmp}/nothing"], "--source {tmp}/nothing: no such folder or file"),
     (["--source", "{tmp}/notes.txt"], "expected 'digits', a folder of class subfolders"),
     (["--size", "0"], "size"),
+    (["--vae", "wan_vae:tiny"], "--vae wan_vae:tiny: WanVAE encodes clips"),
 ])
 def test_bad_input_ends_in_one_line(tmp_path, vae, capsys, args, message):
     (tmp_path / "notes.txt").write_text("hi")
@@ -181,3 +182,15 @@ def test_a_directory_that_is_no_cache_is_refused_in_one_line(tmp_path):
     (tmp_path / "index.json").write_text('{"format_version": 99}')
     with pytest.raises(LatentCacheError, match="latent cache format 99"):
         open_latents(tmp_path)
+
+
+def test_the_command_names_unreadable_inputs_and_finds_its_cache_again(tmp_path, vae, capsys):
+    source = write_folder(tmp_path / "images", 2)
+    (source / "cat" / "broken.png").write_bytes(b"not an image")
+    args = ["data", "encode", "--source", str(source), "--vae", str(vae), "--output", str(tmp_path / "cache"),
+            "--size", "8", "--max-malformed-fraction", "0.5"]
+    assert not main(args)  # None or 0: success
+    first = capsys.readouterr().out
+    assert "encoded 4 items; 1 unreadable skipped" in first and "broken.png" in first, first
+    assert not main(args)  # None or 0: success
+    assert "unchanged, not encoded again; 1 unreadable skipped" in capsys.readouterr().out

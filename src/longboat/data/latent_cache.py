@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.index_cache import cache_key
 from longboat.data.latent_fingerprint import source_fingerprint
+from longboat.data.source_files import NAMED
 from longboat.errors import LongboatError
 
 FORMAT_VERSION = 1
@@ -152,9 +153,11 @@ def describe(cfg: LatentSourceConfig, encoder: LatentEncoder) -> dict:
     """Everything the cache's latents depend on; its hash names the directory."""
     keys = {"image_key": cfg.image_key, "label_key": cfg.label_key, "caption_key": cfg.caption_key}
     if cfg.frames is not None:
+        from longboat.data.video_sources import frame_rate  # PyAV, only for clips
+
         keys = {"video_key": cfg.video_key, "caption_key": cfg.caption_key}
     preprocessing = {"size": cfg.size, "channels": cfg.channels or encoder.in_channels, "frames": cfg.frames,
-                     "fps": str(cfg.fps) if cfg.frames is not None else None,
+                     "fps": str(frame_rate(cfg.fps)) if cfg.frames is not None else None,
                      "resize": "bicubic, squeezed to a square" if cfg.frames is None else "cover, centre crop",
                      "max_malformed_fraction": cfg.max_malformed_fraction, **keys}
     return {"format_version": FORMAT_VERSION, "source": source_fingerprint(cfg.source, cfg.frames is not None, keys),
@@ -259,6 +262,15 @@ def _write_shards(tmp: Path, items: Items, cfg: LatentSourceConfig, encoder: Lat
                 shards.append(_save_shard(tmp, len(shards), mean_all[:n], logvar_all[:n]))
                 means, logvars, pending = [mean_all[n:]], [logvar_all[n:]], pending - n
     return shards, int(mean.shape[1])
+
+
+def malformed_note(index: dict) -> str:
+    """'; N unreadable skipped (the first named)' for a cache that skipped inputs, else ''."""
+    bad = index.get("malformed") or []
+    if not bad:
+        return ""
+    more = f" and {len(bad) - NAMED} more" if len(bad) > NAMED else ""
+    return f"; {len(bad)} unreadable skipped ({', '.join(bad[:NAMED])}{more})"
 
 
 def _check_channels(cfg: LatentSourceConfig, encoder: LatentEncoder, channels: int) -> None:

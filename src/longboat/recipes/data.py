@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from longboat.data.latent_cache import LatentSourceConfig, encode_source, read_index
+from longboat.data.latent_cache import LatentSourceConfig, encode_source, malformed_note, read_index
 from longboat.data.robot.check import check_dataset
 from longboat.data.robot.errors import RobotDataError
 from longboat.data.robot.meta import DatasetMeta
@@ -99,7 +99,7 @@ def encode(cfg: LatentSourceConfig, vae: str, output: str, device: str = "cpu") 
     encoder = latent_encoder(vae, device)
     path, found = encode_source(cfg, encoder, output, progress=True)
     index = read_index(path)
-    n, bad = len(index["items"]), len(index["malformed"])
+    n = len(index["items"])
     state = "unchanged, not encoded again" if found else f"encoded {n} item{'s' * (n != 1)}"
-    print(f"{path}: {state}" + (f"; {bad} unreadable skipped" if bad else ""), flush=True)
+    print(f"{path}: {state}{malformed_note(index)}", flush=True)
     return path

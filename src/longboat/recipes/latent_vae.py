@@ -71,7 +71,10 @@ def latent_encoder(vae: str, device: str = "cpu") -> LatentEncoder:
     model = model.to(device)
 
     def encode(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        posterior = model.encode(pixels.to(device))
+        try:
+            posterior = model.encode(pixels.to(device))
+        except ValueError as err:  # images for a video VAE, clips for an image VAE, channels that differ
+            raise ConfigError(f"--vae {vae}: {err} (--frames encodes clips, without it images)") from None
         return posterior.mean, posterior.logvar
 
     return LatentEncoder(encode, str(Path(vae).resolve()) if Path(vae).exists() else vae,
