@@ -78,3 +78,15 @@ def test_a_mismatched_model_or_cache_ends_in_one_line(tmp_path, cache, capsys, o
     code = main(["train", str(path), override.format(tmp=tmp_path), "--check"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message.format(tmp=tmp_path) in err, err
+
+
+def test_clip_latents_are_refused_in_one_line(tmp_path):
+    from longboat.config.base import ConfigError
+    from longboat.tasks.diffusion_latents import open_latent_split
+    from tests.data.test_video_sources import metadata_csv, mp4
+
+    mp4(tmp_path / "a.mp4")
+    cfg = LatentSourceConfig(source=str(metadata_csv(tmp_path, [("a.mp4", "grey")])), size=16, frames=5, fps=10)
+    path, _ = encode_source(cfg, latent_encoder("wan_vae:tiny"), tmp_path / "cache")
+    with pytest.raises(ConfigError, match=r"latents of shape \[4, 2, 4, 4\]; the diffusion task trains on square"):
+        open_latent_split(str(path), 0.0, 0)
