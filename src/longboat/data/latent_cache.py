@@ -16,7 +16,6 @@ refuses it in one line).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from safetensors.torch import save_file
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.index_cache import cache_key
-from longboat.data.latent_fingerprint import source_fingerprint
+from longboat.data.latent_fingerprint import sha256_file, source_fingerprint
 from longboat.data.source_files import NAMED
 from longboat.errors import LongboatError
 
@@ -194,14 +193,6 @@ def open_items(cfg: LatentSourceConfig, channels: int) -> Items:
 
 
 # ---- writing -------------------------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def encode_source(cfg: LatentSourceConfig, encoder: LatentEncoder, output: str | os.PathLike,
                   progress: bool = False) -> tuple[Path, bool]:
     """The cache of ``cfg.source`` under ``output``: found (its shards checked) or encoded now; returns (directory,
@@ -283,7 +274,7 @@ def _save_shard(tmp: Path, number: int, mean: torch.Tensor, logvar: torch.Tensor
     name = f"shard-{number:05d}.safetensors"
     save_file({"mean": mean.contiguous(), "logvar": logvar.contiguous()}, str(tmp / name))
     return {"file": name, "items": int(mean.shape[0]), "bytes": (tmp / name).stat().st_size,
-            "sha256": _sha256(tmp / name)}
+            "sha256": sha256_file(tmp / name)}
 
 
 class _Bar:
@@ -337,7 +328,7 @@ def check_cache(path: Path) -> dict:
     index = read_index(path)
     for shard in index["shards"]:
         file = path / shard["file"]
-        if not file.is_file() or file.stat().st_size != shard["bytes"] or _sha256(file) != shard["sha256"]:
+        if not file.is_file() or file.stat().st_size != shard["bytes"] or sha256_file(file) != shard["sha256"]:
             raise LatentCacheError(f"data.latents: {file}: missing, truncated or changed since it was written; "
                                    "run `longboat data encode` again to rebuild the cache")
     return index

@@ -16,15 +16,20 @@ from longboat.config.base import ConfigError
 from longboat.data.source_files import read_rows
 
 
-def file_digest(path: Path) -> dict:
-    """Size and SHA-256 of a file's bytes; a missing file is recorded as such (its row is unreadable anyway)."""
-    if not path.is_file():
-        return {"missing": True}
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes, read a megabyte at a time."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    return digest.hexdigest()
+
+
+def file_digest(path: Path) -> dict:
+    """Size and SHA-256 of a file's bytes; a missing file is recorded as such (its row is unreadable anyway)."""
+    if not path.is_file():
+        return {"missing": True}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _rows(path: Path) -> list[dict]:

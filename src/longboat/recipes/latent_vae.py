@@ -14,6 +14,7 @@ from torch import nn
 from longboat.checkpoint.export import WEIGHTS
 from longboat.config.base import ConfigError, validate
 from longboat.data.latent_cache import LatentEncoder
+from longboat.data.latent_fingerprint import sha256_file
 from longboat.models import get_model, model_names
 from longboat.recipes.artifact import open_artifact
 
@@ -25,14 +26,6 @@ def _state_digest(model: nn.Module) -> str:
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{t.dtype}:{list(t.shape)}".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
     return digest.hexdigest()
 
 
@@ -58,8 +51,9 @@ def open_vae(vae: str) -> tuple[nn.Module, str, dict, str]:
         artifact = open_artifact(vae)
         model, arch, cfg = artifact.model, artifact.arch, artifact.config
         weights = artifact.source / WEIGHTS
-        digest = _file_digest(weights) if weights.is_file() else _state_digest(model)
-    missing = [m for m in ("encode", "decode", "scale_latents", "unscale_latents") if not callable(getattr(model, m, None))]
+        digest = sha256_file(weights) if weights.is_file() else _state_digest(model)
+    wanted = ("encode", "decode", "scale_latents", "unscale_latents")
+    missing = [m for m in wanted if not callable(getattr(model, m, None))]
     if missing:
         raise ConfigError(f"--vae {vae}: architecture {arch!r} is no VAE (it has no {', '.join(missing)})")
     return model, arch, cfg.model_dump(mode="json"), digest
