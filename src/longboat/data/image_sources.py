@@ -54,13 +54,16 @@ class ImageSet:
     classes: list[str]
     captions: list[str] | None = None
     malformed: list[str] = field(default_factory=list)  # what could not be read (skipped)
+    names: list[str] | None = None  # where each image came from (a file, or a row of one)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
     def subset(self, index: torch.Tensor) -> ImageSet:
-        captions = None if self.captions is None else [self.captions[i] for i in index.tolist()]
-        return ImageSet(self.images[index], self.labels[index], self.classes, captions, self.malformed)
+        pick = index.tolist()
+        captions = None if self.captions is None else [self.captions[i] for i in pick]
+        names = None if self.names is None else [self.names[i] for i in pick]
+        return ImageSet(self.images[index], self.labels[index], self.classes, captions, self.malformed, names)
 
     @property
     def num_classes(self) -> int:
@@ -147,7 +150,7 @@ def load_folder(root: Path, image_size: int, channels: int, max_malformed_fracti
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise ConfigError(f"data.source: {root} has no class subfolders (expected {root}/<class>/<image files>)")
-    images, labels, bad, total = [], [], [], 0
+    images, labels, bad, names, total = [], [], [], [], 0
     for label, name in enumerate(classes):
         files = sorted(p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         for path in files:
@@ -158,9 +161,10 @@ def load_folder(root: Path, image_size: int, channels: int, max_malformed_fracti
                 continue
             images.append(image)
             labels.append(label)
+            names.append(str(path))
     check_malformed(bad, total, max_malformed_fraction, str(root))
     return ImageSet(_stack(images, image_size, channels), torch.tensor(labels, dtype=torch.int64), classes,
-                    malformed=bad)
+                    malformed=bad, names=names)
 
 
 def load_rows(path: Path, cfg: ImageSourceConfig) -> ImageSet:
@@ -188,7 +192,7 @@ def load_rows(path: Path, cfg: ImageSourceConfig) -> ImageSet:
             raise ConfigError(f"data.source: {path}: '{cfg.label_key}' must be an int or a str in every row, found "
                               f"{', '.join(sorted(k.__name__ for k in kinds))}")
     index = {name: i for i, name in enumerate(names)}
-    images, labels, captions, bad = [], [], [], []
+    images, labels, captions, bad, item_names = [], [], [], [], []
     for number, row in enumerate(rows, 1):
         value = row[cfg.image_key]
         name = f"{path} {unit} {number}"
@@ -201,9 +205,10 @@ def load_rows(path: Path, cfg: ImageSourceConfig) -> ImageSet:
             bad.append(name)
             continue
         images.append(image)
+        item_names.append(name)
         label = row.get(cfg.label_key) if has_labels else None
         labels.append(-1 if label is None else (index[label] if isinstance(label, str) else int(label)))
         captions.append(str(row.get(cfg.caption_key) or ""))
     check_malformed(bad, len(rows), cfg.max_malformed_fraction, str(path))
     return ImageSet(_stack(images, cfg.image_size, cfg.channels), torch.tensor(labels, dtype=torch.int64), names,
-                    captions if has_captions else None, bad)
+                    captions if has_captions else None, bad, item_names)

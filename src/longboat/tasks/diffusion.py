@@ -28,6 +28,7 @@ from longboat.models.generative import flow_matching as fm
 from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform, noise_key
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
+from longboat.tasks.diffusion_latents import LatentSamples, latent_spec, open_latent_split
 from longboat.utils.registry import Registry
 
 SPEC_FILE = "diffusion.json"
@@ -81,6 +82,16 @@ class DiffusionDataConfig(ImageSourceConfig):
     loss_weight: str = Field(default="none", description="per-time loss weighting: none, min_snr, or one registered")
     loss_weight_gamma: float = Field(default=5.0, gt=0, description="min_snr's gamma")
     eval_buckets: int = Field(default=4, ge=0, description="validation loss in this many equal time buckets")
+    source: str = Field(default="", description="'digits', a folder of class subfolders, or a .jsonl / .parquet "
+                                                "file of rows; '' with data.latents")
+    latents: str | None = Field(default=None, description="a latent cache directory (`longboat data encode`): train "
+                                                          "on its latents instead of data.source's pixels")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DiffusionDataConfig:
+        if bool(self.source) == bool(self.latents):
+            raise ValueError("set one of data.source (pixels) and data.latents (a latent cache directory)")
+        return self
 
 
 # ---- per-time loss weights -------------------------------------------------------------------------------------
@@ -220,8 +231,16 @@ class DiffusionTask(Task):
 
     def images(self) -> tuple[ImageSet, ImageSet | None]:
         if self._split is None:
-            self._split = open_split(self.data)
+            self._split = open_latent_split(self.data.latents, self.data.valid_fraction, self.data.split_seed) \
+                if self.data.latents else open_split(self.data)
         return self._split
+
+    def _shape(self) -> tuple[int, int]:
+        """(channels, side) of what the model makes: the data's images, or the cache's latents."""
+        if self.data.latents:
+            latents = self.images()[0]
+            return latents.channels, int(latents.mean.shape[-1])
+        return self.data.channels, self.data.image_size
 
     def _classes(self) -> list[str]:
         return self.images()[0].classes
@@ -231,20 +250,21 @@ class DiffusionTask(Task):
         require_image_generator(config, "diffusion")
 
     def configure_model(self, fields: dict) -> dict:
-        found = {"image_size": self.data.image_size, "in_channels": self.data.channels,
-                 "num_classes": len(self._classes())}
-        return fill_from_data(fields, found, self.data.source)
+        channels, size = self._shape()
+        found = {"image_size": size, "in_channels": channels, "num_classes": len(self._classes())}
+        return fill_from_data(fields, found, self.data.latents or self.data.source)
 
     def check(self, model_cfg) -> None:
         cfg = require_image_generator(model_cfg, "diffusion")
-        if cfg.image_size != self.data.image_size or cfg.in_channels != self.data.channels:
+        channels, size = self._shape()
+        if cfg.image_size != size or cfg.in_channels != channels:
+            what = "data.latents' latents" if self.data.latents else "(data.channels, data.image_size)"
             raise ConfigError(f"model: makes {cfg.in_channels}×{cfg.image_size}×{cfg.image_size} images, the data "
-                              f"{self.data.channels}×{self.data.image_size}×{self.data.image_size} "
-                              "(data.channels, data.image_size)")
+                              f"{channels}×{size}×{size} {what}")
         classes = len(self._classes())
         if cfg.num_classes < classes:
             raise ConfigError(f"model.num_classes={cfg.num_classes} is below the {classes} classes of "
-                              f"{self.data.source}")
+                              f"{self.data.latents or self.data.source}")
 
     def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
         self.check(model_cfg)
@@ -259,8 +279,8 @@ class DiffusionTask(Task):
                    "classes": len(train.classes)}
         if train.malformed:
             summary["unreadable_images"] = len(train.malformed)
-        return TaskData(ImageSamples(train, seed), ImageSamples(valid, seed) if valid is not None else None, loss,
-                        summary)
+        samples = LatentSamples if self.data.latents else ImageSamples
+        return TaskData(samples(train, seed), samples(valid, seed) if valid is not None else None, loss, summary)
 
     def flops_per_unit(self, model_cfg) -> float | None:
         flops = getattr(model_cfg, "flops_per_sample", None)
@@ -273,6 +293,8 @@ class DiffusionTask(Task):
         spec = {"format_version": SPEC_VERSION, "image_size": model_cfg.image_size, "channels": model_cfg.in_channels,
                 "num_classes": model_cfg.num_classes, "classes": self._classes(), "source": self.data.source,
                 "valid_fraction": self.data.valid_fraction, "split_seed": self.data.split_seed, "objective": objective}
+        if self.data.latents:
+            spec.update(latent_spec(self.images()[0]))
         return (json.dumps(spec, indent=2) + "\n").encode()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
