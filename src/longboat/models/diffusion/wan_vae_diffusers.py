@@ -6,11 +6,10 @@ keeps 4 and 8): they are read and dropped, and a written config gives the layout
 
 from __future__ import annotations
 
-import re
 
 import torch
 
-from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state
+from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state, rules
 from longboat.models.diffusion.wan_vae import WanVAE, WanVAEConfig
 from longboat.models.llm.hf.adapter import HFConversionError
 
@@ -47,15 +46,8 @@ def _names() -> list[tuple[str, str]]:
     return names
 
 
-def _regex(template: str) -> re.Pattern:
-    pattern = re.escape(template)
-    for key, part in (("i", r"\d+"), ("j", r"\d+"), ("p", "weight|bias")):
-        pattern = pattern.replace(rf"\{{{key}\}}", f"(?P<{key}>{part})")
-    return re.compile(pattern + r"\Z")
-
-
-_TO_THEIRS = [(_regex(ours), theirs) for ours, theirs in _names()]
-_TO_OURS = [(_regex(theirs), ours) for ours, theirs in _names()]
+_TO_THEIRS = rules(_names())
+_TO_OURS = rules([(theirs, ours) for ours, theirs in _names()])
 
 
 def _as_list(value):
