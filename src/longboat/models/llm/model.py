@@ -22,7 +22,7 @@ from torch import nn
 from longboat.models.llm.cache import KVCache, chunk_attention_mask
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.mla import LatentCache, MultiHeadLatentAttention
-from longboat.models.llm.rope import apply_rope, rope_tables
+from longboat.models.llm.rope import apply_rope, mrope_axes, mrope_tables, rope_tables
 from longboat.models.moe import MoE
 
 
@@ -163,6 +163,8 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.mrope_axes = None if cfg.mrope_section is None else mrope_axes(
+            cfg.rope_dim, cfg.mrope_section, cfg.mrope_interleaved)
         self.last_moe_aux: list[dict[str, torch.Tensor]] = []  # the MoE layers' aux dicts of the last forward
         self.init_weights()
 
@@ -240,6 +242,10 @@ class Decoder(nn.Module):
     def _rope(
         self, T: int, positions: torch.Tensor | None, cache: KVCache | LatentCache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions is not None and positions.dim() == 3:  # multimodal [3, B, T]
+            if self.mrope_axes is None:
+                raise ValueError("positions [3, B, T] are multimodal RoPE's; this decoder has no mrope_section")
+            return mrope_tables(self.rope_cos, self.rope_sin, positions, self.mrope_axes)
         if positions is not None:
             return self.rope_cos[positions], self.rope_sin[positions]  # [B, T, head_dim]
         start = cache.length if cache is not None else 0
@@ -256,7 +262,8 @@ class Decoder(nn.Module):
         A pipeline stage holds only some of the modules: after the first it takes hidden states [B, T, d_model] for
         ``tokens`` (a last stage of a tied model keeps ``tok_embeddings`` for its head), without ``norm`` (a stage
         before the last) it returns its layers' output.
-        ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding. ``segments``
+        ``positions`` [B, T] (or [3, B, T] with multimodal RoPE) defaults to 0..T-1, or to the cache's filled length
+        onward when decoding; a cache keeps the positions of what it holds. ``segments``
         [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
         states of padding positions (segment 0) are unspecified.
         """
@@ -274,7 +281,10 @@ class Decoder(nn.Module):
                 if self.training:
                     layer.feed_forward.record_load(aux["load"])
         if cache is not None:
-            cache.advance(tokens.shape[1])
+            T = tokens.shape[1]
+            cache.keep_positions(positions if positions is not None else
+                                 torch.arange(cache.length, cache.length + T, device=cache.positions.device)[None])
+            cache.advance(T)
         return self.norm(h) if self.norm is not None else h
 
     def forward(
