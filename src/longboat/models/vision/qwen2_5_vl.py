@@ -243,8 +243,15 @@ class Qwen2_5_VisionTower(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The rotary frequencies, which no checkpoint holds, on the weights' device (after a meta-device build)."""
         rope_dim = self.cfg.d_model // self.cfg.n_heads // 2
-        self.inv_freq.copy_(1.0 / (self.cfg.rope_theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float) / rope_dim)))
+        device = self.patch_embed.weight.device
+        self.inv_freq = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float,
+                                                                    device=device) / rope_dim))
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [S, head_dim] of (row, col) positions: rows rotate the first half of each half, columns the

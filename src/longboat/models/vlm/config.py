@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from longboat.config.base import StrictModel, deep_merge
 from longboat.data.images.processors import QwenImages, SquareImages
-from longboat.data.images.qwen_vl import QwenVLImageConfig
+from longboat.data.images.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, QwenVLImageConfig
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.registry import get_model
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionConfig
@@ -50,6 +50,8 @@ class QwenTower(Qwen2_5_VisionConfig):
     arch: Literal["qwen2_5_vl_vision"] = "qwen2_5_vl_vision"
     min_pixels: int = Field(default=56 * 56, gt=0)
     max_pixels: int = Field(default=28 * 28 * 1280, gt=0)
+    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
 
     @property
     def feature_dim(self) -> int:
@@ -152,7 +154,8 @@ class VLMConfig(StrictModel):
             return SquareImages(v.image_size, v.patch_size, self.merge_size, v.image_mean, v.image_std)
         return QwenImages(QwenVLImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
                                             merge_size=v.merge_size, min_pixels=v.min_pixels,
-                                            max_pixels=v.max_pixels))
+                                            max_pixels=v.max_pixels, image_mean=v.image_mean,
+                                            image_std=v.image_std))
 
     def flops_per_token(self, seq_len: int) -> int:
         """The decoder's training FLOPs per token, which every token costs (an image token adds
