@@ -1,5 +1,6 @@
-"""Qwen2.5-VL checkpoints in and out: a tiny random transformers ``Qwen2_5_VLForConditionalGeneration`` imports with
-its logits and greedy generations (two images of odd sizes, multimodal RoPE), ours exports to transformers with ours,
+"""Qwen2.5-VL and Qwen3-VL checkpoints in and out: a tiny random transformers ``Qwen2_5_VLForConditionalGeneration``
+or ``Qwen3VLForConditionalGeneration`` (DeepStack, interleaved multimodal RoPE) imports with its logits and greedy
+generations (two images of odd sizes), ours exports to transformers with ours,
 a packed row equals its samples alone, the older flat config.json imports, preprocessor_config.json sets the
 tower's images, and what the model cannot represent is refused by name."""
 
@@ -23,25 +24,37 @@ VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hi
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+# Qwen3-VL: a three-block tower with learned positions and DeepStack after blocks 0 and 1; head_dim set apart
+QWEN3_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                    deepstack_visual_indexes=[0, 1])
+QWEN3_TEXT = {**TEXT, "head_dim": 16, "rope_parameters": {**TEXT["rope_parameters"], "mrope_interleaved": True}}
 SIZES = [(47, 83), (61, 39)]  # (height, width) of the two images: odd, one wide and one tall
+FAMILIES = ["qwen2_5_vl", "qwen3_vl"]
 
 
-def hf_model(text: dict | None = None, vision: dict | None = None, **top):
-    config = transformers.Qwen2_5_VLConfig(
-        vision_config={**VISION, **(vision or {})}, text_config={**TEXT, **(text or {})}, image_token_id=IMG,
-        video_token_id=61, vision_start_token_id=START, vision_end_token_id=END, **top)
+def hf_class(family: str):
+    return {"qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
+            "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}[family]
+
+
+def hf_model(text: dict | None = None, vision: dict | None = None, family: str = "qwen2_5_vl", **top):
+    base_vision, base_text = (VISION, TEXT) if family == "qwen2_5_vl" else (QWEN3_VISION, QWEN3_TEXT)
+    config = transformers.AutoConfig.for_model(
+        family, vision_config={**base_vision, **(vision or {})}, text_config={**base_text, **(text or {})},
+        image_token_id=IMG, video_token_id=61, vision_start_token_id=START, vision_end_token_id=END, **top)
     torch.manual_seed(0)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    model = hf_class(family)(config).eval()
     with torch.no_grad():  # away from unit norms and zero biases, so that every tensor matters
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return model
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen") / "hf"
-    model = hf_model()
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param) / "hf"
+    model = hf_model(family=request.param)
     model.save_pretrained(path)
     return model, path
 
@@ -77,15 +90,21 @@ def test_import_gives_transformers_logits(checkpoint):
     hf, path = checkpoint
     assert hf_spec(path).name == "vlm"
     model, cfg, family = load_hf_model(path)
-    assert family == "qwen2_5_vl" and cfg.language.mrope_section == (2, 3, 3) and cfg.projector.kind == "identity"
+    assert family == hf.config.model_type and cfg.language.mrope_section == (2, 3, 3)
+    assert cfg.projector.kind == "identity" and cfg.language.mrope_interleaved == (family == "qwen3_vl")
     tokens, pixels = inputs(cfg)
     with torch.no_grad():
         ours = model(tokens, images=pixels["images"], image_grid=pixels["image_grid"])
         want = theirs(hf, tokens, pixels)
         torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
-        # without mm_token_type_ids transformers falls back to 1-D positions: different logits
-        plain = hf(input_ids=tokens, pixel_values=pixels["images"], image_grid_thw=pixels["image_grid"]).logits
-        assert (plain - want).abs().max() > 1e-3
+        # without mm_token_type_ids transformers' Qwen2.5-VL falls back to 1-D positions (different logits);
+        # its Qwen3-VL refuses
+        bare = dict(input_ids=tokens, pixel_values=pixels["images"], image_grid_thw=pixels["image_grid"])
+        if family == "qwen2_5_vl":
+            assert (hf(**bare).logits - want).abs().max() > 1e-3
+        else:
+            with pytest.raises(ValueError, match="mm_token_type_ids"):
+                hf(**bare)
         text = tokens[1:, :12]  # a batch without images
         torch.testing.assert_close(model(text), hf(input_ids=text).logits, atol=1e-4, rtol=0)
 
@@ -129,13 +148,14 @@ def test_export_gives_transformers_our_logits(checkpoint, tmp_path):
     with torch.no_grad():  # ours, changed, so that the export is not a copy of the files read
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    get_model("vlm").hf.save(model, "qwen2_5_vl", tmp_path / "out", cfg)  # as convert and training exports do
+    hf, _ = checkpoint
+    get_model("vlm").hf.save(model, hf.config.model_type, tmp_path / "out", cfg)  # as convert and exports do
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")  # written beside it
     assert processor.size.longest_edge == cfg.vision.max_pixels
     assert list(processor.image_mean) == list(cfg.vision.image_mean)
-    hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "out").eval()
+    hf = hf_class(hf.config.model_type).from_pretrained(tmp_path / "out").eval()
     tokens, pixels = inputs(cfg)
     with torch.no_grad():
         ours = model(tokens, images=pixels["images"], image_grid=pixels["image_grid"])
@@ -145,7 +165,9 @@ def test_export_gives_transformers_our_logits(checkpoint, tmp_path):
 def test_flat_config_layout_and_preprocessor_config(checkpoint, tmp_path):
     """The older layout (decoder fields at the top, ``rope_scaling: {type: mrope}``) reads as the new one;
     ``preprocessor_config.json`` gives the pixel bounds and normalisation."""
-    _, path = checkpoint
+    hf, path = checkpoint
+    if hf.config.model_type != "qwen2_5_vl":
+        pytest.skip("the flat layout is Qwen2.5-VL's")
     config = json.loads((path / "config.json").read_text())
     text = config.pop("text_config")
     rope = text.pop("rope_parameters")
@@ -165,16 +187,19 @@ def test_flat_config_layout_and_preprocessor_config(checkpoint, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
 
 
-@pytest.mark.parametrize("text, vision, message", [
-    ({"use_sliding_window": True, "sliding_window": 16}, {}, "use_sliding_window"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "mrope_section": [2, 3, 3]}}, {},
-     "rope_type 'yarn'"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2, 2]}}, {},
+@pytest.mark.parametrize("family, text, vision, message", [
+    ("qwen2_5_vl", {"use_sliding_window": True, "sliding_window": 16}, {}, "use_sliding_window"),
+    ("qwen2_5_vl", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                        "mrope_section": [2, 3, 3]}}, {}, "rope_type 'yarn'"),
+    ("qwen2_5_vl", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2, 2]}}, {},
      "mrope_section"),
-    ({}, {"out_hidden_size": 48}, "out_hidden_size"),
+    ("qwen2_5_vl", {}, {"out_hidden_size": 48}, "out_hidden_size"),
+    ("qwen3_vl", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 3, 3]}}, {},
+     "mrope_section"),
+    ("qwen3_vl", {}, {"hidden_act": "relu"}, "hidden_act"),
 ])
-def test_what_the_model_cannot_represent_is_refused(tmp_path, text, vision, message):
-    config = hf_model().config.to_dict()
+def test_what_the_model_cannot_represent_is_refused(tmp_path, family, text, vision, message):
+    config = hf_model(family=family).config.to_dict()
     config["text_config"].update(text)
     config["vision_config"].update(vision)
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -188,10 +213,10 @@ def test_convert_round_trips(checkpoint, tmp_path):
     from longboat.recipes.convert import hf_to_longboat, longboat_to_hf
 
     hf, path = checkpoint
-    assert open_artifact(path).hf_family == "qwen2_5_vl"
+    assert open_artifact(path).hf_family == hf.config.model_type
     hf_to_longboat(path, tmp_path / "export")
     longboat_to_hf(tmp_path / "export", tmp_path / "back")
-    back = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "back").eval()
+    back = hf_class(hf.config.model_type).from_pretrained(tmp_path / "back").eval()
     _, cfg, _ = load_hf_model(path)
     tokens, pixels = inputs(cfg)
     with torch.no_grad():

@@ -255,7 +255,7 @@ class Decoder(nn.Module):
 
     def hidden_states(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
-        segments: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None, layer_inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
@@ -265,7 +265,9 @@ class Decoder(nn.Module):
         ``positions`` [B, T] (or [3, B, T] with multimodal RoPE) defaults to 0..T-1, or to the cache's filled length
         onward when decoding; a cache keeps the positions of what it holds. ``segments``
         [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
-        states of padding positions (segment 0) are unspecified.
+        states of padding positions (segment 0) are unspecified. ``layer_inputs`` (index [N], [features [N, d_model],
+        ...]): the k-th features are added to the hidden states after layer k at the flat (row · T + column) positions
+        ``index`` (DeepStack: a vision tower's early features at the image tokens).
         """
         if segments is not None and cache is not None:
             raise ValueError("segments (packed documents) are for training and scoring, not cached decoding")
@@ -274,8 +276,11 @@ class Decoder(nn.Module):
         mask = segment_attention_mask(segments) if masked else None
         h = tokens if tokens.is_floating_point() else self.tok_embeddings(tokens)
         self.last_moe_aux = []
-        for layer in self.layers:
+        added = layer_inputs[1] if layer_inputs is not None else []
+        for i, layer in enumerate(self.layers):
             h, aux = layer(h, cos, sin, cache, mask)
+            if i < len(added):
+                h = h.flatten(0, 1).index_add(0, layer_inputs[0], added[i].to(h.dtype)).view_as(h)
             if aux is not None:
                 self.last_moe_aux.append(aux)
                 if self.training:
@@ -289,7 +294,7 @@ class Decoder(nn.Module):
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
-        segments: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None, layer_inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
-        h = self.hidden_states(tokens, positions, cache, segments)
+        h = self.hidden_states(tokens, positions, cache, segments, layer_inputs)
         return F.linear(h, self.output_weight) if self.norm is not None else h

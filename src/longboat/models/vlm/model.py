@@ -16,6 +16,7 @@ from torch import nn
 
 from longboat.models.llm.model import Decoder
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionTower
+from longboat.models.vision.qwen3_vl import Qwen3VisionTower
 from longboat.models.vision.vit import ViT
 from longboat.models.vlm.config import VLMConfig
 from longboat.models.vlm.positions import mrope_positions
@@ -25,6 +26,8 @@ def build_tower(cfg: VLMConfig) -> nn.Module:
     v = cfg.vision
     if v.arch == "vit":
         return ViT(v, (3, v.image_size, v.image_size))
+    if v.arch == "qwen3_vl_vision":
+        return Qwen3VisionTower(v)
     return Qwen2_5_VisionTower(v)
 
 
@@ -94,13 +97,19 @@ class VLM(nn.Module):
 
     def image_features(self, images: torch.Tensor, image_grid: torch.Tensor | None = None) -> torch.Tensor:
         """Image tokens [tokens, d_model] of the images, one after the other."""
+        return self.encode(images, image_grid)[0]
+
+    def encode(self, images: torch.Tensor, image_grid: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(image tokens [tokens, d_model], DeepStack features: one [tokens, d_model] per tower layer that gives
+        them, for the decoder's first layers; none but for Qwen3-VL's tower)."""
         if self.cfg.vision.arch == "vit":
-            features = self.vision(images.to(self.vision.patch_embed.weight.dtype))
-        else:
-            if image_grid is None:
-                raise ValueError("the Qwen2.5-VL tower needs image_grid [images, 3] beside its patch rows")
-            features = self.vision(images, image_grid)
-        return self.projector(features)
+            return self.projector(self.vision(images.to(self.vision.patch_embed.weight.dtype))), []
+        if image_grid is None:
+            raise ValueError(f"the {self.cfg.vision.arch} tower needs image_grid [images, 3] beside its patch rows")
+        out = self.vision(images, image_grid)
+        features, deepstack = out if isinstance(out, tuple) else (out, [])
+        return self.projector(features), deepstack
 
     def _blank(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         v = self.cfg.vision
@@ -123,16 +132,16 @@ class VLM(nn.Module):
         batch's images."""
         embeds = self.language.tok_embeddings(tokens)
         placeholders = tokens == self.cfg.image_token_id
-        index = None
+        index, deepstack = None, []
         n_images = 0 if images is None else (len(image_grid) if image_grid is not None else len(images))
         if n_images == 0:
             if placeholders.any():
                 raise ValueError(f"the tokens hold {int(placeholders.sum())} image tokens but the batch has no image")
             if cache is None:  # decoding with a cache runs on one process: no rank to keep in step
-                blank = self.image_features(*self._blank(embeds.device))
-                embeds = embeds + 0 * blank.sum()
+                blank, deep = self.encode(*self._blank(embeds.device))
+                embeds = embeds + 0 * sum((f.sum() for f in deep), blank.sum())
         else:
-            features = self.image_features(images, image_grid)
+            features, deepstack = self.encode(images, image_grid)
             counts = self._counts(n_images, image_grid)
             index = self._image_index(placeholders, len(features), image_slots, counts.to(embeds.device))
             B, T, D = embeds.shape
@@ -141,6 +150,8 @@ class VLM(nn.Module):
             positions = self._mrope(tokens, positions, cache, index, n_images, image_grid)
         elif positions is None and cache is None:  # explicit, so that a sequence shard (tensor parallel) rotates right
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        if deepstack:
+            return self.language(embeds, positions, cache, segments, layer_inputs=(index, deepstack))
         return self.language(embeds, positions, cache, segments)
 
     def _mrope(self, tokens: torch.Tensor, positions: torch.Tensor | None, cache, index: torch.Tensor | None,

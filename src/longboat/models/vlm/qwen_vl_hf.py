@@ -1,8 +1,9 @@
-"""Qwen2.5-VL checkpoints (transformers' ``Qwen2_5_VLForConditionalGeneration``) in and out for the composed model:
-the Qwen2.5-VL vision tower with its own patch merger (projector ``identity``), and the Qwen2 decoder with
-multimodal RoPE (``language.mrope_section``).
+"""Qwen2.5-VL and Qwen3-VL (dense) checkpoints (transformers' ``Qwen2_5_VLForConditionalGeneration``,
+``Qwen3VLForConditionalGeneration``) in and out for the composed model: the family's vision tower with its own patch
+merger (projector ``identity``; Qwen3-VL's DeepStack features included), and the Qwen2 / Qwen3 decoder with
+multimodal RoPE (``language.mrope_section``; interleaved for Qwen3-VL).
 
-config.json comes in two layouts: transformers 5's, with the decoder's fields under ``text_config`` and
+Qwen2.5-VL's config.json comes in two layouts: transformers 5's, with the decoder's fields under ``text_config`` and
 ``rope_parameters.mrope_section``, and the older flat one, with the decoder's fields at the top and
 ``rope_scaling: {type: mrope, mrope_section}``; both import, exports write the first. Tensors keep the checkpoints'
 names (``model.layers.*``, ``visual.*``, ``lm_head.weight``). ``preprocessor_config.json``, when the directory has
@@ -19,7 +20,7 @@ import torch
 
 from longboat.models.llm.hf.adapter import HFAdapter, HFConversionError, get_hf_adapter, register_hf_adapter
 from longboat.models.llm.hf.stream import read_json
-from longboat.models.vision import qwen2_5_vl as tower
+from longboat.models.vision import qwen2_5_vl, qwen3_vl
 from longboat.models.vlm.hf import PREPROCESSOR
 
 LANGUAGE, VISION = "language.", "vision."
@@ -106,17 +107,22 @@ class Qwen2_5_VLAdapter(HFAdapter):
     arch = "vlm"
     architecture = "Qwen2_5_VLForConditionalGeneration"
     text_family = "qwen2"
+    text_prefix = "model."  # before the decoder's tensors in the checkpoint (the text family's own names: model.)
     tower_arch = "qwen2_5_vl_vision"
+    tower = qwen2_5_vl
+    interleaved = False  # Qwen3-VL takes each frequency from row i mod 3
 
     def config_from_hf(self, hf: dict) -> dict:
         text, rope = text_fields(hf)
-        language = decoder_from_hf(text, rope, self.text_family)
+        if self.interleaved:  # the family always interleaves, whatever the flag says
+            rope["mrope_interleaved"] = True
+        language = decoder_from_hf(text, rope, self.text_family, interleaved_ok=self.interleaved)
         vision = hf["vision_config"]
         width = vision.get("out_hidden_size", language["d_model"])
         if width != language["d_model"]:
             raise HFConversionError(f"config.json vision_config.out_hidden_size={width} is not supported: the merger "
                                     f"must output the decoder's hidden_size ({language['d_model']})")
-        fields = tower.config_from_hf(vision, language["d_model"]).model_dump()
+        fields = self.tower.config_from_hf(vision, language["d_model"]).model_dump()
         return {"vision": {"arch": self.tower_arch, **fields}, "projector": {"kind": "identity"},
                 "language": language, "image_token_id": hf["image_token_id"]}
 
@@ -129,9 +135,11 @@ class Qwen2_5_VLAdapter(HFAdapter):
         self._check_exportable(cfg)
         text = get_hf_adapter(self.text_family).config_to_hf(cfg.language)
         rope = {**text.pop("rope_parameters"), "mrope_section": list(cfg.language.mrope_section)}
+        if self.interleaved:
+            rope["mrope_interleaved"] = True
         return {
             "text_config": {**text, "model_type": f"{self.model_type}_text", "rope_parameters": rope},
-            "vision_config": {"model_type": f"{self.model_type}_vision", **tower.config_to_hf(cfg.vision)},
+            "vision_config": {"model_type": f"{self.model_type}_vision", **self.tower.config_to_hf(cfg.vision)},
             "image_token_id": cfg.image_token_id, "tie_word_embeddings": cfg.language.tie_embeddings,
         }
 
@@ -149,31 +157,40 @@ class Qwen2_5_VLAdapter(HFAdapter):
         if v.arch != self.tower_arch or cfg.projector.kind != "identity":
             raise HFConversionError(f"a {self.model_type} export needs vision.arch {self.tower_arch!r} with "
                                     "projector.kind 'identity' (the tower's merger is the projector)")
-        if lang.mrope_section is None or lang.mrope_interleaved:
-            raise HFConversionError(f"a {self.model_type} export needs language.mrope_section with consecutive "
-                                    "sections (mrope_interleaved false)")
+        if lang.mrope_section is None or lang.mrope_interleaved != self.interleaved:
+            raise HFConversionError(f"a {self.model_type} export needs language.mrope_section with "
+                                    f"mrope_interleaved {str(self.interleaved).lower()}")
 
     def default_for(self, cfg) -> bool:
         return getattr(getattr(cfg, "vision", None), "arch", None) == self.tower_arch
 
     def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
-        text = get_hf_adapter(self.text_family)
-        vision = {k: v for k, v in sd.items() if k.startswith(tower.HF_PREFIX)}
-        language = {k: v for k, v in sd.items() if k not in vision}
-        out = {VISION + k: v for k, v in self.vision_from_hf(vision).items()}
-        out.update({LANGUAGE + k: v for k, v in text.state_dict_from_hf(language, cfg.language).items()})
+        vision = {k: v for k, v in sd.items() if k.startswith(self.tower.HF_PREFIX)}
+        language = {"model." + k.removeprefix(self.text_prefix) if k.startswith(self.text_prefix) else k: v
+                    for k, v in sd.items() if k not in vision}
+        out = {VISION + k: v for k, v in self.tower.state_dict_from_hf(vision).items()}
+        text = get_hf_adapter(self.text_family).state_dict_from_hf(language, cfg.language)
+        out.update({LANGUAGE + k: v for k, v in text.items()})
         return out
 
     def state_dict_to_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         vision, language, other = split_state(sd)
         if other:
             raise HFConversionError(f"tensor {other[0]!r} has no {self.model_type} counterpart")
-        out = self.vision_to_hf(vision, cfg.vision)
-        out.update(get_hf_adapter(self.text_family).state_dict_to_hf(language, cfg.language))
+        out = self.tower.state_dict_to_hf(vision, cfg.vision)
+        for k, v in get_hf_adapter(self.text_family).state_dict_to_hf(language, cfg.language).items():
+            out[self.text_prefix + k.removeprefix("model.") if k.startswith("model.") else k] = v
         return out
 
-    def vision_from_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return tower.state_dict_from_hf(sd)
 
-    def vision_to_hf(self, sd: dict[str, torch.Tensor], vision) -> dict[str, torch.Tensor]:
-        return tower.state_dict_to_hf(sd, vision)
+@register_hf_adapter("qwen3_vl")
+class Qwen3VLAdapter(Qwen2_5_VLAdapter):
+    """Qwen3-VL (dense): the Qwen3 decoder with interleaved multimodal RoPE, the Qwen3-VL tower with DeepStack;
+    tensors under ``model.language_model.`` and ``model.visual.``."""
+
+    architecture = "Qwen3VLForConditionalGeneration"
+    text_family = "qwen3"
+    text_prefix = "model.language_model."
+    tower_arch = "qwen3_vl_vision"
+    tower = qwen3_vl
+    interleaved = True
