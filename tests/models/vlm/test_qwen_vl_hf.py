@@ -122,6 +122,23 @@ def test_greedy_generation_equals_transformers(checkpoint):
     assert torch.equal(ours, want)
 
 
+def test_a_rewound_cache_continues_at_the_right_positions(checkpoint):
+    """Text fed after a cached prompt with images, and again after the cache is rewound (a chat edited), gives the
+    logits of the whole sequence at once."""
+    _, path = checkpoint
+    model, cfg, _ = load_hf_model(path)
+    tokens, pixels = inputs(cfg)
+    tokens = tokens[:1]
+    k = len(tokens[0]) - 2  # the last image ends 3 tokens before the end
+    with torch.no_grad():
+        whole = model(tokens, images=pixels["images"], image_grid=pixels["image_grid"])
+        cache = model.make_cache(1, 256)
+        model(tokens[:, :k], cache=cache, images=pixels["images"], image_grid=pixels["image_grid"])
+        model(tokens[:, k:].flip(1), cache=cache)  # another ending, then taken back
+        cache.rewind(k)
+        torch.testing.assert_close(model(tokens[:, k:], cache=cache), whole[:, k:], atol=1e-5, rtol=0)
+
+
 def test_packed_row_equals_each_sample_alone(checkpoint):
     _, path = checkpoint
     model, cfg, _ = load_hf_model(path)

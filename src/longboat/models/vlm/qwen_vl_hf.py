@@ -6,8 +6,9 @@ multimodal RoPE (``language.mrope_section``; interleaved for Qwen3-VL).
 Qwen2.5-VL's config.json comes in two layouts: transformers 5's, with the decoder's fields under ``text_config`` and
 ``rope_parameters.mrope_section``, and the older flat one, with the decoder's fields at the top and
 ``rope_scaling: {type: mrope, mrope_section}``; both import, exports write the first. Tensors keep the checkpoints'
-names (``model.layers.*``, ``visual.*``, ``lm_head.weight``). ``preprocessor_config.json``, when the directory has
-one, gives the tower's pixel bounds and normalisation. What the model cannot represent is refused by name:
+names (Qwen2.5-VL: ``model.layers.*``, ``visual.*``; Qwen3-VL: ``model.language_model.*``, ``model.visual.*``; both
+``lm_head.weight``). ``preprocessor_config.json``, when the directory has one, gives the tower's pixel bounds and
+normalisation. What the model cannot represent is refused by name:
 sliding-window layers, a rope type other than multimodal RoPE, an ``mrope_section`` that does not cover head_dim / 2,
 a merger whose width is not the decoder's.
 """
