@@ -1,6 +1,7 @@
-"""The ``sft`` task with a model that reads images: packed rows train exactly as one sample per row, truncation drops
-a sample rather than cut an image, malformed image rows fail the run past the limit, the placeholder must be the
-model's image token, a frozen tower stays bitwise unchanged, and ``longboat train`` runs the tiny config."""
+"""The ``sft`` task with a model that reads images: packed rows train exactly as one sample per row (multimodal RoPE
+included), truncation drops a sample rather than cut an image, malformed image rows fail the run past the limit, the
+placeholder must be the model's image token, a frozen tower stays bitwise unchanged, and ``longboat train`` runs the
+tiny config."""
 
 from __future__ import annotations
 
@@ -77,6 +78,27 @@ def test_qwen_tower_rows_carry_their_grids(tmp_path):
     torch.manual_seed(0)
     out = data.loss_fn(resolved.spec.build(resolved.model), batch)
     assert torch.isfinite(out.loss_sum) and out.count > 0
+
+
+def test_multimodal_rope_trains_packed_rows_as_one_sample_per_row(tmp_path):
+    """With Qwen's tower and multimodal RoPE, each packed sample's image positions restart with it."""
+    qwen = ('model.vision={arch: qwen2_5_vl_vision, d_model: 32, n_layers: 2, n_heads: 2, ffn_dim: 64, patch_size: 4, '
+            'window_size: 16, full_attention_layers: [1], min_pixels: 256, max_pixels: 4096}')
+    shutil.copytree(FIXTURE / "images", tmp_path / "images")
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join((FIXTURE / "shapes.jsonl").read_text().splitlines()[:16]) + "\n")
+    mrope = (qwen, "model.projector={kind: identity}", "model.language.mrope_section=[2, 3, 3]",
+             f"data.sources=[{path}]", "data.valid_fraction=0")
+    resolved, packed = build(tmp_path, *mrope)
+    _, padded = build(tmp_path, *mrope, "data.packing=false")
+    assert len(packed.train) < len(padded.train)
+    torch.manual_seed(0)
+    model = resolved.spec.build(resolved.model).train()
+    loss_p, grads_p = loss_and_grads(model, packed)
+    loss_u, grads_u = loss_and_grads(model, padded)
+    assert torch.allclose(loss_p, loss_u, atol=1e-5, rtol=0)
+    for name, g in grads_p.items():
+        assert torch.allclose(g, grads_u[name], atol=1e-5, rtol=0), name
 
 
 def test_truncation_drops_a_sample_rather_than_cut_an_image(tmp_path):

@@ -133,3 +133,72 @@ def test_rope_scaling_frequencies_match_transformers():
     expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg)
     got = inverse_frequencies(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
     assert torch.equal(got, expected)
+
+
+# ---- multimodal RoPE ---------------------------------------------------------------------------------------------
+
+MROPE = dict(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64,
+             mrope_section=(2, 3, 3))
+
+
+@pytest.mark.parametrize("family, interleaved", [("qwen2_5_vl", False), ("qwen3_vl", True)])
+def test_mrope_tables_equal_transformers_recomposition(family, interleaved):
+    """cos and sin of [3, B, T] positions read each frequency from the row transformers' text rotary embedding does."""
+    from longboat.models.llm.model import Decoder
+
+    section = [4, 6, 6]
+    config = transformers.AutoConfig.for_model(
+        family, text_config=dict(hidden_size=128, num_attention_heads=4, head_dim=32,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": section, "mrope_interleaved": interleaved}))
+    rotary_cls = {"qwen2_5_vl": "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLRotaryEmbedding",
+                  "qwen3_vl": "transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding"}[family]
+    mod, name = rotary_cls.rsplit(".", 1)
+    import importlib
+
+    rotary = getattr(importlib.import_module(mod), name)(config.text_config)
+    positions = torch.randint(0, 60, (3, 2, 7), generator=torch.Generator().manual_seed(0))
+    want_cos, want_sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    decoder = Decoder(DecoderConfig(**{**MROPE, "d_model": 128, "head_dim": 32, "mrope_section": section,
+                                       "mrope_interleaved": interleaved}))
+    cos, sin = decoder._rope(7, positions, None)
+    torch.testing.assert_close(cos, want_cos, atol=1e-6, rtol=0)
+    # ours folds the sign of the first half into sin (apply_rope rolls instead of rotate_half)
+    torch.testing.assert_close(sin, torch.cat([-want_sin[..., :16], want_sin[..., 16:]], -1), atol=1e-6, rtol=0)
+
+
+def test_mrope_with_equal_rows_is_plain_rope_and_cache_keeps_positions():
+    from longboat.models.llm.model import Decoder
+
+    torch.manual_seed(0)
+    decoder = Decoder(DecoderConfig(**MROPE)).eval()
+    tokens = torch.randint(0, 96, (2, 12))
+    plain = torch.arange(12).expand(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(decoder(tokens, plain[None].expand(3, 2, 12)), decoder(tokens), atol=0, rtol=0)
+        cache = decoder.make_cache(2, 32)
+        decoder(tokens[:, :5], torch.stack([plain[:, :5], plain[:, :5] * 2, plain[:, :5] + 1]), cache)
+        assert cache.next_position().tolist() == [9, 9]  # one past the largest row (8 = 2 · 4)
+        cache.rewind(3)
+        assert cache.next_position().tolist() == [5, 5]
+        cache.rewind(0)
+        assert cache.next_position().tolist() == [0, 0]
+        decoder(tokens[:, :4], None, cache)  # 1-D decoding records its positions too
+        assert cache.next_position().tolist() == [4, 4]
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(mrope_section=(2, 3, 4)), "must sum to head_dim / 2"),
+    (dict(mrope_section=None, mrope_interleaved=True), "mrope_interleaved needs mrope_section"),
+])
+def test_bad_mrope_is_one_line_naming_the_field(change, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(DecoderConfig, {**MROPE, **change}, "test")
+
+
+def test_multimodal_positions_need_mrope():
+    from longboat.models.llm.model import Decoder
+
+    decoder = Decoder(DecoderConfig(**{**MROPE, "mrope_section": None}))
+    with pytest.raises(ValueError, match="no mrope_section"):
+        decoder(torch.zeros(1, 3, dtype=torch.long), torch.zeros(3, 1, 3, dtype=torch.long))

@@ -62,6 +62,27 @@ def test_qwen_tower_composes():
     assert out.shape == (2, 24, 64) and torch.isfinite(out).all()
 
 
+def test_qwen3_tower_composes_with_deepstack_and_reaches_it_without_images():
+    qwen3 = {"arch": "qwen3_vl_vision", "d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 48, "patch_size": 4,
+             "num_position_embeddings": 16, "deepstack_layers": [0, 1]}
+    model = build(qwen3, {"kind": "identity"}, mrope_section=(2, 3, 3), mrope_interleaved=True)
+    assert model.cfg.vision.out_dim == 32 and model.cfg.image_processor().config.image_mean == (0.5, 0.5, 0.5)
+    grid = torch.tensor([[1, 4, 4], [1, 4, 8]])
+    tokens, slots = tokens_with_images(runs=((0, 1, 4), (1, 3, 8)))
+    pixels = torch.randn(int(grid.prod(1).sum()), model.cfg.vision.patch_dim)
+    out = model(tokens, images=pixels, image_slots=slots, image_grid=grid)
+    with torch.no_grad():  # DeepStack mergers that give zeros: the tower's early features no longer count
+        for merger in model.vision.deepstack:
+            merger.fc2.weight.zero_()
+            merger.fc2.bias.zero_()
+        without_deepstack = model(tokens, images=pixels, image_slots=slots, image_grid=grid)
+    assert (out - without_deepstack).abs().max() > 1e-4  # the tower's early features reach the decoder
+    model.zero_grad()
+    model(tokens.masked_fill(tokens == IMAGE_TOKEN, IMAGE_TOKEN + 1)).sum().backward()
+    for name, p in model.vision.named_parameters():
+        assert p.grad is not None, name  # DeepStack mergers included: every rank computes them
+
+
 def test_count_mismatch_is_a_clear_error():
     model = build()
     tokens, slots = tokens_with_images(runs=((0, 2, 15),))  # one image is 16 tokens

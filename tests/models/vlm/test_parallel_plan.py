@@ -45,3 +45,16 @@ def test_tensor_parallel_and_fsdp_match_one_process(tmp_path):
     assert len(curves["single"]) == 4
     for name in ("fsdp", "tp"):
         torch.testing.assert_close(curves[name], curves["single"], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_deepstack_under_tensor_parallel_is_refused_in_one_line():
+    from longboat.config.base import ConfigError
+    from longboat.models.vlm.parallel_plan import vlm_tensor_parallel_plan
+    from tests.models.vlm.conftest import vlm_config
+
+    qwen3 = {"arch": "qwen3_vl_vision", "d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 48, "patch_size": 4,
+             "num_position_embeddings": 16, "deepstack_layers": [0]}
+    cfg = vlm_config(qwen3, {"kind": "identity"}, mrope_section=(2, 3, 3))
+    with pytest.raises(ConfigError, match="deepstack_layers") as e:
+        vlm_tensor_parallel_plan(cfg, 2)
+    assert "\n" not in str(e.value)

@@ -9,7 +9,9 @@ class StaticCache:
     """Two per-layer buffers [n_layers, ...] with a shared time axis, plus the number of filled positions.
 
     Every layer writes its new entries at ``length`` during a forward pass; the model calls ``advance``
-    once after all layers, so all layers see the same offset.
+    once after all layers, so all layers see the same offset. ``positions`` [B, max_len] keeps each cached token's
+    rotary position (the largest of its three under multimodal RoPE, where an image's tokens take fewer positions
+    than tokens), so that what follows a cache, rewound or not, continues from ``next_position``.
     """
 
     def __init__(self, shape_a: tuple[int, ...], shape_b: tuple[int, ...], time_dim: int,
@@ -17,6 +19,7 @@ class StaticCache:
         self._a = torch.zeros(shape_a, dtype=dtype, device=device)
         self._b = torch.zeros(shape_b, dtype=dtype, device=device)
         self._time_dim = time_dim  # in the buffers, layer axis included
+        self.positions = torch.zeros(shape_a[1], shape_a[time_dim], dtype=torch.long, device=device)
         self.length = 0
 
     @property
@@ -36,6 +39,18 @@ class StaticCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+
+    def keep_positions(self, positions: torch.Tensor) -> None:
+        """Record the positions [B or 1, T] (or multimodal [3, B, T]) of the T entries the next ``advance`` adds."""
+        if positions.dim() == 3:
+            positions = positions.amax(dim=0)
+        self.positions[:, self.length:self.length + positions.shape[-1]] = positions
+
+    def next_position(self) -> torch.Tensor:
+        """[B]: one past the largest position cached (0 for an empty cache)."""
+        if self.length == 0:
+            return torch.zeros(self.positions.shape[0], dtype=torch.long, device=self.positions.device)
+        return self.positions[:, :self.length].amax(dim=1) + 1
 
     def rewind(self, length: int) -> None:
         """Forget every position from ``length`` on; the next update writes there (a conversation edited)."""

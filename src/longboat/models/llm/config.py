@@ -73,6 +73,12 @@ class DecoderConfig(StrictModel):
     max_seq_len: int = Field(default=4096, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
+    # Multimodal RoPE (Qwen2-VL and later): positions [3, B, T] (time, height, width); each rotary frequency reads
+    # one of the three rows. ``mrope_section``: how many of the head_dim/2 frequencies each row drives, in
+    # consecutive sections (Qwen2.5-VL) or, with ``mrope_interleaved``, frequency i from row i mod 3 while that
+    # row's section lasts (Qwen3-VL). Positions [B, T] (text) rotate as plain RoPE.
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
     norm_eps: float = Field(default=1e-5, gt=0)
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -103,7 +109,15 @@ class DecoderConfig(StrictModel):
             raise ValueError(f"dense_layers {bad} are outside the {self.n_layers} layers (0..{self.n_layers - 1})")
         if self.dense_layers and self.moe is None:
             raise ValueError("dense_layers is set but moe is not: every layer is already dense")
+        if self.mrope_interleaved and self.mrope_section is None:
+            raise ValueError("mrope_interleaved needs mrope_section")
+        if self.mrope_section is not None and self.attention == "gqa" \
+                and sum(self.mrope_section) != self.head_size // 2:
+            raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim / 2 "
+                             f"({self.head_size // 2})")
         if self.attention == "mla":
+            if self.mrope_section is not None:
+                raise ValueError("mrope_section is a grouped-query attention option; MLA has none")
             missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
                        if getattr(self, k) is None]
             if missing:

@@ -22,7 +22,7 @@ from torch import nn
 from longboat.models.llm.cache import KVCache, chunk_attention_mask
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.mla import LatentCache, MultiHeadLatentAttention
-from longboat.models.llm.rope import apply_rope, rope_tables
+from longboat.models.llm.rope import apply_rope, mrope_axes, mrope_tables, rope_tables
 from longboat.models.moe import MoE
 
 
@@ -163,6 +163,8 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(cfg.max_seq_len, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.mrope_axes = None if cfg.mrope_section is None else mrope_axes(
+            cfg.rope_dim, cfg.mrope_section, cfg.mrope_interleaved)
         self.last_moe_aux: list[dict[str, torch.Tensor]] = []  # the MoE layers' aux dicts of the last forward
         self.init_weights()
 
@@ -240,6 +242,10 @@ class Decoder(nn.Module):
     def _rope(
         self, T: int, positions: torch.Tensor | None, cache: KVCache | LatentCache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions is not None and positions.dim() == 3:  # multimodal [3, B, T]
+            if self.mrope_axes is None:
+                raise ValueError("positions [3, B, T] are multimodal RoPE's; this decoder has no mrope_section")
+            return mrope_tables(self.rope_cos, self.rope_sin, positions, self.mrope_axes)
         if positions is not None:
             return self.rope_cos[positions], self.rope_sin[positions]  # [B, T, head_dim]
         start = cache.length if cache is not None else 0
@@ -249,16 +255,19 @@ class Decoder(nn.Module):
 
     def hidden_states(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
-        segments: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None, layer_inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
         A pipeline stage holds only some of the modules: after the first it takes hidden states [B, T, d_model] for
         ``tokens`` (a last stage of a tied model keeps ``tok_embeddings`` for its head), without ``norm`` (a stage
         before the last) it returns its layers' output.
-        ``positions`` defaults to 0..T-1, or to the cache's filled length onward when decoding. ``segments``
+        ``positions`` [B, T] (or [3, B, T] with multimodal RoPE) defaults to 0..T-1, or to the cache's filled length
+        onward when decoding; a cache keeps the positions of what it holds. ``segments``
         [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
-        states of padding positions (segment 0) are unspecified.
+        states of padding positions (segment 0) are unspecified. ``layer_inputs`` (index [N], [features [N, d_model],
+        ...]): the k-th features are added to the hidden states after layer k at the flat (row · T + column) positions
+        ``index`` (DeepStack: a vision tower's early features at the image tokens).
         """
         if segments is not None and cache is not None:
             raise ValueError("segments (packed documents) are for training and scoring, not cached decoding")
@@ -267,19 +276,25 @@ class Decoder(nn.Module):
         mask = segment_attention_mask(segments) if masked else None
         h = tokens if tokens.is_floating_point() else self.tok_embeddings(tokens)
         self.last_moe_aux = []
-        for layer in self.layers:
+        added = layer_inputs[1] if layer_inputs is not None else []
+        for i, layer in enumerate(self.layers):
             h, aux = layer(h, cos, sin, cache, mask)
+            if i < len(added):
+                h = h.flatten(0, 1).index_add(0, layer_inputs[0], added[i].to(h.dtype)).view_as(h)
             if aux is not None:
                 self.last_moe_aux.append(aux)
                 if self.training:
                     layer.feed_forward.record_load(aux["load"])
         if cache is not None:
-            cache.advance(tokens.shape[1])
+            T = tokens.shape[1]
+            cache.keep_positions(positions if positions is not None else
+                                 torch.arange(cache.length, cache.length + T, device=cache.positions.device)[None])
+            cache.advance(T)
         return self.norm(h) if self.norm is not None else h
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
-        segments: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None, layer_inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
-        h = self.hidden_states(tokens, positions, cache, segments)
+        h = self.hidden_states(tokens, positions, cache, segments, layer_inputs)
         return F.linear(h, self.output_weight) if self.norm is not None else h

@@ -1,7 +1,8 @@
 """Rotary position embeddings (RoFormer) with optional Llama-3.1 or YaRN frequency scaling.
 
 The rotation pairs dimension i with i + head_dim/2 (the "rotate half" layout used by HF checkpoints),
-so Llama/Qwen weights load without permuting wq/wk.
+so Llama/Qwen weights load without permuting wq/wk. Multimodal RoPE (``mrope_axes``, ``mrope_tables``) reads
+each frequency's angle from one of three position rows (time, height, width).
 """
 
 from __future__ import annotations
@@ -95,3 +96,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """
     cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
+def mrope_axes(head_dim: int, section: tuple[int, int, int], interleaved: bool = False) -> torch.Tensor:
+    """[head_dim]: which position row (0 time, 1 height, 2 width) each rotary dimension reads.
+
+    Consecutive (Qwen2.5-VL): the first ``section[0]`` frequencies read row 0, the next ``section[1]`` row 1, the
+    rest row 2. Interleaved (Qwen3-VL): frequency i reads row i mod 3 while i < 3·section[row], else row 0.
+    """
+    half = head_dim // 2
+    if interleaved:
+        axes = [i % 3 if i % 3 and i < 3 * section[i % 3] else 0 for i in range(half)]
+    else:
+        axes = [row for row, n in enumerate(section) for _ in range(n)]
+    axes = torch.tensor(axes, dtype=torch.long, device="cpu")  # also under a meta-device build
+    return torch.cat((axes, axes))
+
+
+def mrope_tables(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, axes: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [B, T, head_dim] for positions [3, B, T] from ``rope_tables``, each dimension from its row."""
+    index = axes.to(positions.device).view(1, 1, 1, -1).expand(1, *positions.shape[1:], -1)
+    return cos[positions].gather(0, index).squeeze(0), sin[positions].gather(0, index).squeeze(0)

@@ -189,9 +189,11 @@ class VisionLayout:
     Patches arrive in merge-block order per image; the tower reorders whole merge blocks so that each window's are
     contiguous (``order``: merge-block indices in window order), and the merger's output is put back afterwards."""
 
-    def __init__(self, grid_thw: torch.Tensor, cfg: Qwen2_5_VisionConfig):
-        m, ws, unit = cfg.merge_size, cfg.window_tokens, cfg.merge_size**2
-        positions, order, windows, images = [], [], [0], [0]
+    def __init__(self, grid_thw: torch.Tensor, cfg, windows: bool = True):
+        """``windows=False``: one window per frame (Qwen3-VL's tower), so ``order`` keeps the patches' order and
+        ``frame_bounds`` (the window bounds then) cut the sequence into frames."""
+        m, unit = cfg.merge_size, cfg.merge_size**2
+        positions, order, bounds, images = [], [], [0], [0]
         offset = 0
         for t, h, w in grid_thw.tolist():
             if h % m or w % m:
@@ -201,17 +203,19 @@ class VisionLayout:
             cols = torch.arange(w).view(1, 1, lw, m).expand(lh, m, lw, m).transpose(1, 2).flatten()
             positions.append(torch.stack([rows, cols], dim=-1).repeat(t, 1))
             blocks = torch.arange(t * lh * lw).view(t, lh, lw) + offset
+            ws = cfg.window_tokens if windows else max(lh, lw)
             for frame in range(t):
                 for r in range(0, lh, ws):
                     for c in range(0, lw, ws):
                         window = blocks[frame, r:r + ws, c:c + ws].flatten()
                         order.append(window)
-                        windows.append(windows[-1] + window.numel() * unit)
+                        bounds.append(bounds[-1] + window.numel() * unit)
                 images.append(images[-1] + h * w)
             offset += t * lh * lw
         self.order = torch.cat(order)
         self.restore = torch.argsort(self.order)
-        self.window_bounds, self.image_bounds = windows, images
+        self.window_bounds, self.image_bounds = bounds, images
+        self.frame_bounds = bounds
         self.positions = torch.cat(positions).view(-1, unit, 2)[self.order].view(-1, 2)  # [S, (row, col)]
 
     def permute(self, x: torch.Tensor, unit: int) -> torch.Tensor:
@@ -243,8 +247,15 @@ class Qwen2_5_VisionTower(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The rotary frequencies, which no checkpoint holds, on the weights' device (after a meta-device build)."""
         rope_dim = self.cfg.d_model // self.cfg.n_heads // 2
-        self.inv_freq.copy_(1.0 / (self.cfg.rope_theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float) / rope_dim)))
+        device = self.patch_embed.weight.device
+        self.inv_freq = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float,
+                                                                    device=device) / rope_dim))
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [S, head_dim] of (row, col) positions: rows rotate the first half of each half, columns the

@@ -9,10 +9,11 @@ from pydantic import Field, model_validator
 
 from longboat.config.base import StrictModel, deep_merge
 from longboat.data.images.processors import QwenImages, SmolVLMImages, SquareImages
-from longboat.data.images.qwen_vl import QwenVLImageConfig
+from longboat.data.images.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, QWEN3_VL, QwenVLImageConfig
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.registry import get_model
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionConfig
+from longboat.models.vision.qwen3_vl import Qwen3VisionConfig
 from longboat.models.vision.siglip import SigLIPConfig
 from longboat.models.vision.vit import ViTConfig
 
@@ -51,6 +52,8 @@ class QwenTower(Qwen2_5_VisionConfig):
     arch: Literal["qwen2_5_vl_vision"] = "qwen2_5_vl_vision"
     min_pixels: int = Field(default=56 * 56, gt=0)
     max_pixels: int = Field(default=28 * 28 * 1280, gt=0)
+    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
 
     @property
     def feature_dim(self) -> int:
@@ -72,8 +75,24 @@ class SigLIPTower(SigLIPConfig):
         return self.d_model
 
 
-VisionTower = Annotated[Union[ViTTower, QwenTower, SigLIPTower], Field(discriminator="arch")]
+class Qwen3Tower(Qwen3VisionConfig):
+    """Qwen3-VL's tower (learned positions resampled to each image, its own merger, DeepStack features of
+    ``deepstack_layers`` for the decoder's first layers); images keep their aspect ratio (``smart_resize``)."""
+
+    arch: Literal["qwen3_vl_vision"] = "qwen3_vl_vision"
+    min_pixels: int = Field(default=QWEN3_VL.min_pixels, gt=0)
+    max_pixels: int = Field(default=QWEN3_VL.max_pixels, gt=0)
+    image_mean: tuple[float, float, float] = QWEN3_VL.image_mean
+    image_std: tuple[float, float, float] = QWEN3_VL.image_std
+
+    @property
+    def feature_dim(self) -> int:
+        return self.out_dim
+
+
+QWEN_TOWERS = ("qwen2_5_vl_vision", "qwen3_vl_vision")  # towers that merge patches themselves, images as patch rows
 SQUARE_TOWERS = ("vit", "siglip")  # towers reading fixed-size square images, one feature per patch
+VisionTower = Annotated[Union[ViTTower, QwenTower, Qwen3Tower, SigLIPTower], Field(discriminator="arch")]
 
 
 class ProjectorConfig(StrictModel):
@@ -120,7 +139,7 @@ class VLMConfig(StrictModel):
                 language = deep_merge(get_model(arch).load_preset(preset), language)
             data["language"] = language
         vision = data.get("vision")
-        if isinstance(vision, dict) and vision.get("arch") == "qwen2_5_vl_vision" and "out_dim" not in vision \
+        if isinstance(vision, dict) and vision.get("arch") in QWEN_TOWERS and "out_dim" not in vision \
                 and isinstance(language, dict) and "d_model" in language:
             data["vision"] = {**vision, "out_dim": language["d_model"]}  # its merger outputs the decoder's width
         return data
@@ -155,7 +174,7 @@ class VLMConfig(StrictModel):
     @property
     def merge_size(self) -> int:
         """Patches per image token side."""
-        if self.vision.arch == "qwen2_5_vl_vision":
+        if self.vision.arch in QWEN_TOWERS:
             return self.vision.merge_size
         return self.projector.merge_size if self.projector.kind in ("patch_merger", "pixel_shuffle") else 1
 
@@ -173,7 +192,8 @@ class VLMConfig(StrictModel):
             return SquareImages(v.image_size, v.patch_size, self.merge_size, v.image_mean, v.image_std)
         return QwenImages(QwenVLImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
                                             merge_size=v.merge_size, min_pixels=v.min_pixels,
-                                            max_pixels=v.max_pixels))
+                                            max_pixels=v.max_pixels, image_mean=v.image_mean,
+                                            image_std=v.image_std))
 
     def flops_per_token(self, seq_len: int) -> int:
         """The decoder's training FLOPs per token, which every token costs (an image token adds
@@ -191,7 +211,12 @@ class VLMConfig(StrictModel):
         blocks = sum(p.numel() for p in tower.blocks.parameters())
         rest = sum(p.numel() for p in tower.parameters()) - blocks
         v = self.vision
-        span = v.grid ** 2 if v.arch in SQUARE_TOWERS else (v.window_tokens * v.merge_size) ** 2
+        if v.arch in SQUARE_TOWERS:
+            span = v.grid**2
+        elif v.arch == "qwen3_vl_vision":  # whole images: the pretraining grid's patches as a typical image
+            span = v.num_position_embeddings
+        else:
+            span = (v.window_tokens * v.merge_size) ** 2
         per_patch = 6 * blocks + 12 * v.n_layers * v.d_model * span
         merged = self.merge_size ** 2
         return merged * per_patch + 6 * rest + 6 * sum(p.numel() for p in projector.parameters())

@@ -10,6 +10,7 @@ strategy, a CLIP tower) is refused by name.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from longboat.models.llm.hf.adapter import (
 )
 from longboat.models.llm.hf_interop import DecoderHF
 
+PREPROCESSOR = "preprocessor_config.json"  # an image processor's settings beside the checkpoint
 LANGUAGE_PREFIX = "language_model."  # before a decoder checkpoint's names, as transformers 5 saves LLaVA
 VISION = NameMap([
     ("vision_tower.embeddings.patch_embedding.{p}", "vision.patch_embed.{p}"),
@@ -95,7 +97,8 @@ class LlavaAdapter(HFAdapter):
         }
 
     def default_for(self, cfg) -> bool:
-        return hasattr(cfg, "vision") and hasattr(cfg, "language") and cfg.projector.kind != "pixel_shuffle"
+        return getattr(getattr(cfg, "vision", None), "arch", None) == "vit" and hasattr(cfg, "language") \
+            and cfg.projector.kind != "pixel_shuffle"
 
     def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         text = _text_adapter(infer_family(cfg.language))
@@ -152,7 +155,8 @@ def _check_exportable(cfg) -> None:
 
 
 class VLMHF(DecoderHF):
-    """llava checkpoints in and out, through the decoder's machinery (its adapters registry holds ``llava``)."""
+    """llava and qwen2_5_vl checkpoints in and out, through the decoder's machinery (its adapters registry holds
+    them)."""
 
     def families(self) -> list[str]:
         from longboat.models.llm.hf import hf_families
@@ -160,11 +164,22 @@ class VLMHF(DecoderHF):
         return [f for f in hf_families() if get_hf_adapter(f).arch == "vlm"]
 
     def export_family(self, cfg, requested: bool | str, source: str | Path | None) -> str:
-        if requested is True:  # the family whose layout this model has (llava unless another claims it)
-            family = next((f for f in self.families() if get_hf_adapter(f).default_for(cfg)), "llava")
-        else:
-            family = requested
+        from longboat.models.llm.hf import read_hf_config
+
+        family = requested
+        if family is True:
+            family = read_hf_config(source)["model_type"] if source else \
+                next((f for f in self.families() if get_hf_adapter(f).default_for(cfg)), "llava")
         if family not in self.families():
             raise HFConversionError(f"a vision-language model exports as {', '.join(self.families())}, not {family!r}")
         get_hf_adapter(family).config_to_hf(cfg)
         return family
+
+    def save(self, weights, family: str, out: str | Path, cfg, tokenizer_dir: str | Path | None = None,
+             dtype: str | None = None, max_shard_size: int | str = "5GB") -> Path:
+        """The checkpoint, and the family's ``preprocessor_config.json`` for the tower's images unless carried."""
+        out = super().save(weights, family, out, cfg, tokenizer_dir, dtype, max_shard_size)
+        adapter = get_hf_adapter(family)
+        if hasattr(adapter, "preprocessor_to_hf") and not (out / PREPROCESSOR).is_file():
+            (out / PREPROCESSOR).write_text(json.dumps(adapter.preprocessor_to_hf(cfg), indent=2) + "\n")
+        return out

@@ -16,9 +16,11 @@ from torch import nn
 
 from longboat.models.llm.model import Decoder
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionTower
+from longboat.models.vision.qwen3_vl import Qwen3VisionTower
 from longboat.models.vision.siglip import SigLIP
 from longboat.models.vision.vit import ViT
 from longboat.models.vlm.config import SQUARE_TOWERS, VLMConfig
+from longboat.models.vlm.positions import mrope_positions
 
 
 def build_tower(cfg: VLMConfig) -> nn.Module:
@@ -27,6 +29,8 @@ def build_tower(cfg: VLMConfig) -> nn.Module:
         return ViT(v, (3, v.image_size, v.image_size))
     if v.arch == "siglip":
         return SigLIP(v)
+    if v.arch == "qwen3_vl_vision":
+        return Qwen3VisionTower(v)
     return Qwen2_5_VisionTower(v)
 
 
@@ -98,17 +102,25 @@ class VLM(nn.Module):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
+        if hasattr(self.vision, "init_buffers"):
+            self.vision.init_buffers()
         self.language.init_buffers()
 
     def image_features(self, images: torch.Tensor, image_grid: torch.Tensor | None = None) -> torch.Tensor:
         """Image tokens [tokens, d_model] of the images, one after the other."""
+        return self.encode(images, image_grid)[0]
+
+    def encode(self, images: torch.Tensor, image_grid: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(image tokens [tokens, d_model], DeepStack features: one [tokens, d_model] per tower layer that gives
+        them, for the decoder's first layers; none but for Qwen3-VL's tower)."""
         if self.cfg.vision.arch in SQUARE_TOWERS:
-            features = self.vision(images.to(self.vision.patch_embed.weight.dtype))
-        else:
-            if image_grid is None:
-                raise ValueError("the Qwen2.5-VL tower needs image_grid [images, 3] beside its patch rows")
-            features = self.vision(images, image_grid)
-        return self.projector(features)
+            return self.projector(self.vision(images.to(self.vision.patch_embed.weight.dtype))), []
+        if image_grid is None:
+            raise ValueError(f"the {self.cfg.vision.arch} tower needs image_grid [images, 3] beside its patch rows")
+        out = self.vision(images, image_grid)
+        features, deepstack = out if isinstance(out, tuple) else (out, [])
+        return self.projector(features), deepstack
 
     def _blank(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         v = self.cfg.vision
@@ -131,19 +143,48 @@ class VLM(nn.Module):
         batch's images."""
         embeds = self.language.tok_embeddings(tokens)
         placeholders = tokens == self.cfg.image_token_id
+        index, deepstack = None, []
         n_images = 0 if images is None else (len(image_grid) if image_grid is not None else len(images))
         if n_images == 0:
             if placeholders.any():
                 raise ValueError(f"the tokens hold {int(placeholders.sum())} image tokens but the batch has no image")
             if cache is None:  # decoding with a cache runs on one process: no rank to keep in step
-                blank = self.image_features(*self._blank(embeds.device))
-                embeds = embeds + 0 * blank.sum()
+                blank, deep = self.encode(*self._blank(embeds.device))
+                embeds = embeds + 0 * sum((f.sum() for f in deep), blank.sum())
         else:
-            features = self.image_features(images, image_grid)
-            embeds = self._scatter(embeds, placeholders, features, image_slots, self._counts(n_images, image_grid))
-        if positions is None and cache is None:  # explicit, so that a sequence shard (tensor parallel) rotates right
+            features, deepstack = self.encode(images, image_grid)
+            counts = self._counts(n_images, image_grid)
+            index = self._image_index(placeholders, len(features), image_slots, counts.to(embeds.device))
+            B, T, D = embeds.shape
+            embeds = embeds.reshape(B * T, D).index_put((index,), features.to(embeds.dtype)).view(B, T, D)
+        if self.cfg.language.mrope_section is not None:
+            positions = self._mrope(tokens, positions, cache, index, n_images, image_grid)
+        elif positions is None and cache is None:  # explicit, so that a sequence shard (tensor parallel) rotates right
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        if deepstack:
+            return self.language(embeds, positions, cache, segments, layer_inputs=(index, deepstack))
         return self.language(embeds, positions, cache, segments)
+
+    def _mrope(self, tokens: torch.Tensor, positions: torch.Tensor | None, cache, index: torch.Tensor | None,
+               n_images: int, image_grid: torch.Tensor | None) -> torch.Tensor:
+        """Multimodal positions [3, B, T] (``positions.py``); [B, T] for text alone, where the three rows agree.
+        With a cache the tokens are one sample continuing the cached ones, from the cache's next position."""
+        B, T = tokens.shape
+        base = cache.next_position().to(tokens.device) if cache is not None else None
+        if cache is not None:
+            positions = None
+        if index is None:
+            p = torch.arange(T, device=tokens.device).expand(B, T) if positions is None else positions
+            return p if base is None else p + base[:, None]
+        return mrope_positions((B, T), index, self._grids(n_images, image_grid), positions, base)
+
+    def _grids(self, n_images: int, image_grid: torch.Tensor | None) -> torch.Tensor:
+        """Each image's merged grid [images, 3] (frames, rows, columns of its tokens)."""
+        m = self.cfg.merge_size
+        if image_grid is not None:
+            return torch.stack([image_grid[:, 0], image_grid[:, 1] // m, image_grid[:, 2] // m], dim=1)
+        side = self.cfg.vision.grid // m
+        return torch.tensor([[1, side, side]] * n_images, dtype=torch.long)
 
     def _counts(self, n_images: int, image_grid: torch.Tensor | None) -> torch.Tensor:
         """Image tokens of each image."""
@@ -152,24 +193,22 @@ class VLM(nn.Module):
         v = self.cfg.vision
         return torch.full((n_images,), (v.grid // self.cfg.merge_size) ** 2, dtype=torch.long)
 
-    def _scatter(self, embeds: torch.Tensor, placeholders: torch.Tensor, features: torch.Tensor,
-                 image_slots: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor:
-        """``embeds`` with the image tokens' features at the placeholders; each image's tokens start at its slot."""
+    def _image_index(self, placeholders: torch.Tensor, n_features: int, image_slots: torch.Tensor | None,
+                     counts: torch.Tensor) -> torch.Tensor:
+        """The flat (row · T + column) index of every image token, images in order; each image's tokens start at its
+        slot (in reading order of the placeholders without slots). Every placeholder must be covered once."""
         n_placeholders = int(placeholders.sum())
-        if n_placeholders != len(features):
-            raise ValueError(f"the tokens hold {n_placeholders} image tokens but the images give {len(features)}")
-        B, T, D = embeds.shape
-        flat = embeds.reshape(B * T, D)
+        if n_placeholders != n_features:
+            raise ValueError(f"the tokens hold {n_placeholders} image tokens but the images give {n_features}")
+        B, T = placeholders.shape
         if image_slots is None:  # images in reading order of the placeholders
-            index = placeholders.flatten().nonzero().squeeze(1)
-        else:
-            if len(image_slots) != len(counts):
-                raise ValueError(f"{len(image_slots)} image slots for {len(counts)} images")
-            counts = counts.to(embeds.device)
-            starts = image_slots[:, 0] * T + image_slots[:, 1]
-            index = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts) + torch.arange(
-                len(features), device=embeds.device)
-            if int(index.max()) >= B * T or not bool(placeholders.flatten()[index].all()) \
-                    or index.unique().numel() != len(index):  # two images on one run would leave another empty
-                raise ValueError("image_slots do not point at runs of image tokens as long as their images")
-        return flat.index_put((index,), features.to(flat.dtype)).view(B, T, D)
+            return placeholders.flatten().nonzero().squeeze(1)
+        if len(image_slots) != len(counts):
+            raise ValueError(f"{len(image_slots)} image slots for {len(counts)} images")
+        starts = image_slots[:, 0] * T + image_slots[:, 1]
+        index = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts) + torch.arange(
+            n_features, device=placeholders.device)
+        if int(index.max()) >= B * T or not bool(placeholders.flatten()[index].all()) \
+                or index.unique().numel() != len(index):  # two images on one run would leave another empty
+            raise ValueError("image_slots do not point at runs of image tokens as long as their images")
+        return index

@@ -10,11 +10,15 @@ from __future__ import annotations
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput, RowwiseParallel
 
+from longboat.config.base import ConfigError
 from longboat.models.llm.parallel_plan import checked_tensor_parallel_plan
 from longboat.models.vlm.config import VLMConfig
 
 
 def vlm_tensor_parallel_plan(cfg: VLMConfig, tp: int) -> dict[str, ParallelStyle]:
+    if tp > 1 and getattr(cfg.vision, "deepstack_layers", ()):
+        raise ConfigError(f"parallel.tp={tp}: DeepStack (model.vision.deepstack_layers) adds tower features inside "
+                          "the decoder, which a sequence-sharded decoder cannot take yet; use parallel.tp 1")
     plan = checked_tensor_parallel_plan(cfg.language, tp)
     plan.pop("")  # the decoder's logits are gathered where the decoder returns them, below
     out = {f"language.{name}": style for name, style in plan.items()}

@@ -76,6 +76,11 @@ class HFAdapter:
     def config_to_hf(self, cfg) -> dict:
         raise NotImplementedError
 
+    def config_from_dir(self, hf: dict, hf_dir) -> dict:
+        """``config_from_hf`` for a checkpoint directory: a family whose model reads other files there as well (an
+        image processor's settings) reads them here."""
+        return self.config_from_hf(hf)
+
     def default_for(self, cfg) -> bool:
         return False
 

@@ -47,7 +47,7 @@ def _config_from_hf(adapter: HFAdapter, hf: dict, hf_dir: str | os.PathLike) -> 
     """The adapter's reading of config.json, with a missing or malformed entry named with the file."""
     path = Path(hf_dir) / HF_CONFIG
     try:
-        return adapter.config_from_hf(hf)
+        return adapter.config_from_dir(hf, hf_dir)
     except KeyError as e:
         raise HFConversionError(f"{path}: missing required key {e.args[0]!r} for model_type "
                                 f"{adapter.model_type!r}") from None
