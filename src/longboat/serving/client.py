@@ -1,5 +1,6 @@
-"""A client of ``longboat serve`` (or any openpi-protocol server) that survives the server restarting, and a
-helper that steps a chunked policy one action at a time.
+"""A client of ``longboat serve`` (or any openpi-protocol server) that survives the server restarting; the chunk
+schedule (``ActionChunks``: when to ask for a chunk, which action a step takes, ACT's temporal ensemble) that both
+``ActionChunker`` (one action per call) and ``longboat eval``'s episodes follow.
 
 ``PolicyClient.infer`` sends one observation and returns the result. A dropped connection (the server restarted,
 the network blinked) is reopened with exponential backoff until ``connect_timeout_s`` and the request is sent
