@@ -104,6 +104,10 @@ def test_temporal_ensembling_asks_every_step_and_the_policys_own_settings_decide
         code, err = _eval_point(tmp_path, capsys, point_plugin, port, "clash", replan_steps=3)
         assert code == 2 and "replan_steps: 3, but the policy ensembles its chunks" in err
         assert "set temporal_ensemble: false" in err
+    with _point_server(temporal_ensemble_coeff="0.01") as (server, port):  # metadata the eval cannot read
+        code, err = _eval_point(tmp_path, capsys, point_plugin, port, "unreadable")
+        assert code != 0 and "temporal_ensemble_coeff '0.01' is not a finite number" in err
+        assert server.stats.requests == 0
     with _point_server() as (server, port):  # a policy without settings of its own: the config's coefficient
         assert _eval_point(tmp_path, capsys, point_plugin, port, "config", temporal_ensemble=0.5)[0] == 0
         asks = _asks(tmp_path / "config")

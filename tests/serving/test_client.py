@@ -108,6 +108,26 @@ def _lerobot_ensemble(chunks: np.ndarray, coeff: float) -> np.ndarray:
     return np.array(out)
 
 
+def _running_ensemble_float32(chunks: np.ndarray, coeff: float) -> np.ndarray:
+    """The same ensemble as LeRobot computes it at run time, in float32: each future step keeps a running weighted
+    mean and a count of its votes; a new chunk's vote k is folded in as (mean * W[k-1] + a * w[k]) / W[k] with
+    w = exp(-coeff * i) and W its cumulative sums."""
+    steps, horizon, _ = chunks.shape
+    w = np.exp(-coeff * np.arange(horizon, dtype=np.float32)).astype(np.float32)
+    cum = np.cumsum(w, dtype=np.float32)
+    means, counts, out = None, None, []
+    for t in range(steps):
+        new = chunks[t].astype(np.float32)
+        if means is None:
+            means, counts = new.copy(), np.ones(horizon, int)
+        else:
+            means = (means * cum[counts - 1][:, None] + new[:-1] * w[counts][:, None]) / cum[counts][:, None]
+            means, counts = np.concatenate([means, new[-1:]]), np.concatenate([np.minimum(counts + 1, horizon), [1]])
+        out.append(means[0])
+        means, counts = means[1:], counts[1:]
+    return np.array(out)
+
+
 @pytest.mark.parametrize("coeff", [0.01, 0.5, 0.0, -0.2])
 def test_temporal_ensemble_is_lerobots_and_the_chunker_uses_it(coeff):
     chunks = np.random.default_rng(0).standard_normal((15, 6, 3))
@@ -130,6 +150,8 @@ def test_temporal_ensemble_is_lerobots_and_the_chunker_uses_it(coeff):
         action = schedule.action(t)
         assert action.dtype == np.float32
         np.testing.assert_allclose(action, want[t], rtol=0, atol=1e-6)
+    # LeRobot's float32 running form differs from the exact vote by float32 rounding only
+    np.testing.assert_allclose(_running_ensemble_float32(chunks, coeff), want, rtol=0, atol=1e-5)
 
 
 def test_chunk_schedule_replans_every_k_steps_and_the_ensemble_survives_a_large_negative_coefficient():

@@ -176,10 +176,6 @@ class ActionChunks:
     def _covering(self, t: int) -> list[tuple[int, np.ndarray]]:
         return [(s, c) for s, c in self.chunks if s <= t < s + c.shape[0]]
 
-    def describe(self) -> dict:
-        """The schedule as results record it."""
-        return {"replan_steps": self.replan, "temporal_ensemble": self.ensemble}
-
 
 class ActionChunker:
     """Steps a chunked policy one action per call, on ``ActionChunks``' schedule: a new chunk every
