@@ -201,8 +201,8 @@ def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds
 
 
 def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: Collection[int],
-          clients: list[PolicyClient], pool: Executor | None, mode: str, schedule: ChunkSchedule, n_obs: int, timing: Timing,
-          stops: tuple[threading.Event, ...] = ()) -> Iterator[FinishedEpisode]:
+          clients: list[PolicyClient], pool: Executor | None, mode: str, schedule: ChunkSchedule, n_obs: int,
+          timing: Timing, stops: tuple[threading.Event, ...] = ()) -> Iterator[FinishedEpisode]:
     """Episodes from ``queue`` on a vector env of ``len(clients)`` envs stepping together, until the queue is empty
     (or one of ``stops`` is set); requests go out on ``pool`` threads, or on this thread for a single env without a
     pool."""

@@ -216,8 +216,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                     pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
                     stack.enter_context(ctrl_c_sets(interrupted))  # the envs stop between steps
                     for task, task_seeds in todo.items():
-                        for finished in run_episodes(cfg, runner, task, task_seeds, quotas[task], clients, pool, schedule,
-                                                     n_obs, timing, interrupted):
+                        for finished in run_episodes(cfg, runner, task, task_seeds, quotas[task], clients, pool,
+                                                     schedule, n_obs, timing, interrupted):
                             record(finished)
                         if interrupted.is_set():
                             break

@@ -93,7 +93,8 @@ def _worker_url(ray, url: str) -> str:
 
 
 def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], video_seeds: set[int], url: str,
-               schedule: ChunkSchedule, n_obs: int, record: Callable[[FinishedEpisode], None], done: set, timing: Timing) -> None:
+               schedule: ChunkSchedule, n_obs: int, record: Callable[[FinishedEpisode], None], done: set,
+               timing: Timing) -> None:
     """Run the ``todo`` seeds of each task on runners; ``record`` each episode as it arrives (``done``: the
     (task, seed) pairs recorded so far, kept up to date by ``record``)."""
     ray = import_ray()
