@@ -1,6 +1,7 @@
-"""``backend: ray`` on a local Ray instance: the same episodes and outcomes as the local backend, the results file
-written by this process alone (videos included), resume, a crashed worker's episodes run again, and an episode's
-error reported with its task and seed; without Ray, a one-line error before any work."""
+"""``backend: ray`` on a local Ray instance: the same episodes and outcomes as the local backend (temporally
+ensembled chunks included), the results file written by this process alone (videos included), resume, a crashed
+worker's episodes run again, and an episode's error reported with its task and seed; without Ray, a one-line error
+before any work."""
 
 import json
 import os
@@ -71,6 +72,16 @@ def test_ray_runs_the_same_episodes_as_local_into_one_results_file(cluster, serv
     # The video of the first seed came back from its runner and was written here.
     [video] = [e["video"] for e in read_results(tmp_path / "results.jsonl") if e["video"]]
     assert video == "videos/push_t/seed0.mp4" and (tmp_path / video).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_ray_runners_ensemble_the_chunks_as_the_local_backend_does(cluster, server, tmp_path):
+    fields = {"temporal_ensemble": 0.1, "videos_per_task": 0}
+    run_eval(_config(server, tmp_path / "local", **fields), progress=False)
+    summary = run_eval(_config(server, tmp_path / "ray", backend="ray", **fields), progress=False)
+    _assert_same(_outcomes(tmp_path / "ray"), _outcomes(tmp_path / "local"))
+    assert all(len(e["latency_ms"]) == e["length"] for e in read_results(tmp_path / "ray" / "results.jsonl"))
+    assert summary["chunk_schedule"]["temporal_ensemble"] == 0.1
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from longboat.serving.client import ActionChunker, PolicyClient, ServerError, ServerUnavailable
+from longboat.serving.client import ActionChunker, ActionChunks, PolicyClient, ServerError, ServerUnavailable
 from longboat.serving.server_manager import free_port
 from tests.serving.conftest import random_server, small_obs
 
@@ -94,3 +94,77 @@ def test_client_and_manager_import_without_torch():
     code = "import sys, longboat.serving.client, longboat.serving.server_manager; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _lerobot_ensemble(chunks: np.ndarray, coeff: float) -> np.ndarray:
+    """LeRobot's ACT temporal ensemble written out directly, in float64: the chunk asked at step s covers steps
+    s..s+H-1; step t averages the chunks covering it with weights exp(-coeff * i), i = 0 the oldest."""
+    steps, horizon, _ = chunks.shape
+    out = []
+    for t in range(steps):
+        votes = np.array([chunks[s, t - s] for s in range(max(0, t - horizon + 1), t + 1)], np.float64)
+        w = np.exp(-coeff * np.arange(len(votes), dtype=np.float64))
+        out.append((w[:, None] * votes).sum(0) / w.sum())
+    return np.array(out)
+
+
+def _running_ensemble_float32(chunks: np.ndarray, coeff: float) -> np.ndarray:
+    """The same ensemble as LeRobot computes it at run time, in float32: each future step keeps a running weighted
+    mean and a count of its votes; a new chunk's vote k is folded in as (mean * W[k-1] + a * w[k]) / W[k] with
+    w = exp(-coeff * i) and W its cumulative sums."""
+    steps, horizon, _ = chunks.shape
+    w = np.exp(-coeff * np.arange(horizon, dtype=np.float32)).astype(np.float32)
+    cum = np.cumsum(w, dtype=np.float32)
+    means, counts, out = None, None, []
+    for t in range(steps):
+        new = chunks[t].astype(np.float32)
+        if means is None:
+            means, counts = new.copy(), np.ones(horizon, int)
+        else:
+            means = (means * cum[counts - 1][:, None] + new[:-1] * w[counts][:, None]) / cum[counts][:, None]
+            means, counts = np.concatenate([means, new[-1:]]), np.concatenate([np.minimum(counts + 1, horizon), [1]])
+        out.append(means[0])
+        means, counts = means[1:], counts[1:]
+    return np.array(out)
+
+
+@pytest.mark.parametrize("coeff", [0.01, 0.5, 0.0, -0.2])
+def test_temporal_ensemble_is_lerobots_and_the_chunker_uses_it(coeff):
+    chunks = np.random.default_rng(0).standard_normal((15, 6, 3))
+    want = _lerobot_ensemble(chunks, coeff)
+    schedule = ActionChunks(replan=1, ensemble=coeff)
+    got = []
+    for t in range(len(chunks)):
+        assert schedule.needs_chunk(t)
+        schedule.add(t, chunks[t])
+        got.append(schedule.action(t))
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-12, atol=1e-12)
+    assert len(schedule.chunks) == 6  # chunks that no longer cover a step are dropped
+    calls = iter(chunks)
+    chunker = ActionChunker(lambda obs: {"actions": next(calls)}, replan_every=1, ensemble_decay=coeff)
+    np.testing.assert_array_equal(np.array([chunker.step({}) for _ in range(len(chunks))]), np.array(got))
+    # float32 chunks: the vote is taken in float64 and returned as float32
+    schedule = ActionChunks(replan=1, ensemble=coeff)
+    for t in range(len(chunks)):
+        schedule.add(t, chunks[t].astype(np.float32))
+        action = schedule.action(t)
+        assert action.dtype == np.float32
+        np.testing.assert_allclose(action, want[t], rtol=0, atol=1e-6)
+    # LeRobot's float32 running form differs from the exact vote by float32 rounding only
+    np.testing.assert_allclose(_running_ensemble_float32(chunks, coeff), want, rtol=0, atol=1e-5)
+
+
+def test_chunk_schedule_replans_every_k_steps_and_the_ensemble_survives_a_large_negative_coefficient():
+    schedule = ActionChunks(replan=3)
+    asks = []
+    for t in range(8):
+        if schedule.needs_chunk(t):
+            asks.append(t)
+            schedule.add(t, np.full((4, 1), float(t)) + np.arange(4)[:, None])
+        assert schedule.action(t)[0] == asks[-1] + t - asks[-1]
+    assert asks == [0, 3, 6]
+    schedule = ActionChunks(replan=1, ensemble=-50.0)  # exp(50 * i) overflows float64 by i = 15
+    for t in range(20):
+        schedule.add(t, np.full((20, 1), float(t)))
+        action = schedule.action(t)
+    assert np.isfinite(action).all() and action[0] == pytest.approx(19.0)  # the newest outweighs the rest

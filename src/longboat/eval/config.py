@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from longboat.config.base import ConfigError, StrictModel, load_yaml, validate
 
@@ -76,7 +77,12 @@ class EvalConfig(StrictModel):
     ray: RayConfig = Field(default_factory=RayConfig)
     vector: Literal["auto", "sync", "async"] = Field(
         default="auto", description="auto: async (spawned workers) when envs render cameras, else sync")
-    replan_steps: int | None = Field(default=None, gt=0, description="actions used per chunk; null: the horizon")
+    replan_steps: int | None = Field(default=None, gt=0, description="actions used per chunk; null: the policy's "
+                                     "own (LeRobot's n_action_steps), else the horizon")
+    temporal_ensemble: float | bool | None = Field(
+        default=None, description="ACT's temporal ensembling: a coefficient (every chunk covering a step votes, "
+        "weighted exp(-coefficient * i), i = 0 the oldest; the policy is asked every step); false: off; null: the "
+        "policy's own (its metadata's temporal_ensemble_coeff)")
     max_steps: int | None = Field(default=None, gt=0, description="episode step limit; null: the benchmark's")
     episode_timeout_s: float | None = Field(default=None, gt=0, description="wall-clock limit per episode")
     request_timeout_s: float = Field(default=60.0, gt=0)
@@ -85,8 +91,22 @@ class EvalConfig(StrictModel):
     video_size: int = Field(default=128, ge=16)
     output_dir: str
 
+    @field_validator("temporal_ensemble", mode="before")
+    @classmethod
+    def _coefficient(cls, value):
+        if value is True:
+            raise ValueError("expected a coefficient, false (off) or null (the policy's own), got true")
+        if value is False or value is None:
+            return value
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise ValueError(f"expected a finite coefficient, got {value}")
+        return float(value) if isinstance(value, int) else value
+
     @model_validator(mode="after")
     def _distinct(self):
+        if self.temporal_ensemble not in (None, False) and (self.replan_steps or 1) > 1:
+            raise ValueError(f"temporal_ensemble asks the policy every step: replan_steps must be 1 or null, got "
+                             f"{self.replan_steps}")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks name a task twice: {self.tasks}")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
@@ -105,7 +125,8 @@ class EvalConfig(StrictModel):
     def identity(self) -> dict:
         """What decides which episodes a run holds and what they mean: a resumed run must agree on it."""
         return {"benchmark": self.benchmark, "policy": self.policy, "seeds": self.episode_seeds(),
-                "replan_steps": self.replan_steps, "max_steps": self.max_steps,
+                "replan_steps": self.replan_steps,
+                "temporal_ensemble": self.temporal_ensemble, "max_steps": self.max_steps,
                 "observation": self.observation.model_dump() if self.observation else None}
 
 

@@ -2,8 +2,9 @@
 in the orchestrator's process, the Ray one in each runner actor).
 
 ``num_envs`` environments in one process step together (gymnasium's sync vector env); the envs that need a new
-action chunk ask the server at the same time (one client each, so the server batches them) and each uses
-``replan_steps`` actions of its chunk. Environments in processes of their own (async, for rendering envs) run a
+action chunk ask the server at the same time (one client each, so the server batches them) and each follows the
+run's ``ChunkSchedule``: ``replan_steps`` actions of each chunk, or ACT's temporal ensemble of every chunk covering
+the step (asked every step). Environments in processes of their own (async, for rendering envs) run a
 loop each, so stepping and inference overlap. An episode ends at its first success, at the step limit
 (``time_limit``) or at the wall-clock limit (``wall_time``). The request seed is a function of the episode seed and
 the step, so an episode replays the same however the envs are laid out and whether the server restarted under it.
@@ -21,11 +22,12 @@ from typing import Collection, Iterator
 
 import numpy as np
 
+from longboat.config.base import ConfigError
 from longboat.errors import LongboatError
 from longboat.eval.config import EvalConfig
 from longboat.eval.runners import Runner
 from longboat.eval.runners.base import FRAME_INFO
-from longboat.serving.client import PolicyClient
+from longboat.serving.client import ActionChunks, PolicyClient
 
 _SEED_STRIDE = 1_000_003  # request seed = episode seed * stride + step
 
@@ -69,11 +71,51 @@ class _Episode:
     step: int = 0
     reward: float = 0.0
     history: deque = field(default_factory=deque)
-    chunk: np.ndarray | None = None
-    chunk_start: int = 0
+    chunks: ActionChunks | None = None
     latency_ms: list = field(default_factory=list)
     infer_ms: list = field(default_factory=list)
     frames: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    """How every episode of a run uses its chunks: ``replan`` actions of each, or (``ensemble`` set) ACT's temporal
+    ensemble, asking every step. ``source`` says what set each (config, policy metadata, horizon)."""
+
+    replan: int
+    ensemble: float | None = None
+    source: tuple[tuple[str, str], ...] = ()
+
+    def chunks(self) -> ActionChunks:
+        return ActionChunks(self.replan, self.ensemble)
+
+    def record(self) -> dict:
+        """As ``summary.json`` records it."""
+        return {"replan_steps": self.replan, "temporal_ensemble": self.ensemble, "set_by": dict(self.source)}
+
+
+def chunk_schedule(cfg: EvalConfig, meta: dict, horizon: int) -> ChunkSchedule:
+    """The config's ``temporal_ensemble`` (a coefficient, or false: off), else the policy's own (its metadata's
+    ``temporal_ensemble_coeff``); without ensembling, ``replan_steps`` actions per chunk: the config's, else the
+    policy's (``n_action_steps``), else the whole chunk."""
+    ensemble, by = cfg.temporal_ensemble, "config"
+    if ensemble is None:
+        ensemble, by = meta.get("temporal_ensemble_coeff"), "policy metadata"
+        if ensemble is not None and (isinstance(ensemble, bool) or not isinstance(ensemble, (int, float))
+                                     or not np.isfinite(ensemble)):
+            raise EvalError(f"the policy's metadata: temporal_ensemble_coeff {ensemble!r} is not a finite number; "
+                            "set temporal_ensemble in the config")
+    if ensemble is False or ensemble is None:
+        replan, how = ((cfg.replan_steps, "config") if cfg.replan_steps else
+                       (int(meta["n_action_steps"]), "policy metadata") if meta.get("n_action_steps") else
+                       (horizon, "horizon"))
+        return ChunkSchedule(min(replan, horizon), None, (("replan_steps", how),) +
+                             ((("temporal_ensemble", "config"),) if ensemble is False else ()))
+    if (cfg.replan_steps or 1) > 1:
+        raise ConfigError(f"replan_steps: {cfg.replan_steps}, but the policy ensembles its chunks (its metadata's "
+                          f"temporal_ensemble_coeff {ensemble}), which asks every step: set temporal_ensemble: false "
+                          f"to use {cfg.replan_steps} actions of each chunk")
+    return ChunkSchedule(1, float(ensemble), (("replan_steps", "temporal_ensemble"), ("temporal_ensemble", by)))
 
 
 def policy_client(cfg: EvalConfig, url: str) -> PolicyClient:
@@ -95,7 +137,7 @@ def _request(client: PolicyClient, obs: dict, seed: int) -> tuple[np.ndarray, fl
 
 
 def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], video_seeds: Collection[int],
-                 clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
+                 clients: list[PolicyClient], pool: Executor, schedule: ChunkSchedule, n_obs: int,
                  timing: Timing, interrupt: threading.Event | None = None) -> Iterator[FinishedEpisode]:
     """Run the episodes of ``task`` with ``seeds`` on ``min(num_envs, len(seeds))`` envs, one client and one pool
     thread each; yields each episode as it finishes. Once ``interrupt`` is set the envs stop after their current
@@ -109,16 +151,16 @@ def run_episodes(cfg: EvalConfig, runner: Runner, task: str, seeds: list[int], v
     queue = deque(seeds)
     stops = (interrupt,) if interrupt is not None else ()
     if mode == "sync" or n == 1:
-        yield from _lane(cfg, runner, task, queue, video_seeds, clients[:n], pool, mode, replan, n_obs, timing, stops)
+        yield from _lane(cfg, runner, task, queue, video_seeds, clients[:n], pool, mode, schedule, n_obs, timing, stops)
     else:
-        yield from _lanes(cfg, runner, task, queue, video_seeds, clients[:n], pool, replan, n_obs, timing, stops)
+        yield from _lanes(cfg, runner, task, queue, video_seeds, clients[:n], pool, schedule, n_obs, timing, stops)
 
 
 _LANE_DONE = object()
 
 
 def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: Collection[int],
-           clients: list[PolicyClient], pool: Executor, replan: int, n_obs: int,
+           clients: list[PolicyClient], pool: Executor, schedule: ChunkSchedule, n_obs: int,
            timing: Timing, stops: tuple[threading.Event, ...]) -> Iterator[FinishedEpisode]:
     """One lane (an env, its client and its own loop on a pool thread) per client, all drawing episodes from
     ``queue``; yields episodes as lanes finish them and raises the first lane's error."""
@@ -128,7 +170,7 @@ def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds
 
     def drive(i: int) -> None:
         try:
-            for episode in _lane(cfg, runner, task, queue, video_seeds, clients[i:i + 1], None, "async", replan,
+            for episode in _lane(cfg, runner, task, queue, video_seeds, clients[i:i + 1], None, "async", schedule,
                                  n_obs, timings[i], (stop, *stops)):
                 finished.put(episode)
         except BaseException as e:  # handed to the consumer, which raises it
@@ -159,8 +201,8 @@ def _lanes(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds
 
 
 def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds: Collection[int],
-          clients: list[PolicyClient], pool: Executor | None, mode: str, replan: int, n_obs: int, timing: Timing,
-          stops: tuple[threading.Event, ...] = ()) -> Iterator[FinishedEpisode]:
+          clients: list[PolicyClient], pool: Executor | None, mode: str, schedule: ChunkSchedule, n_obs: int,
+          timing: Timing, stops: tuple[threading.Event, ...] = ()) -> Iterator[FinishedEpisode]:
     """Episodes from ``queue`` on a vector env of ``len(clients)`` envs stepping together, until the queue is empty
     (or one of ``stops`` is set); requests go out on ``pool`` threads, or on this thread for a single env without a
     pool."""
@@ -177,7 +219,7 @@ def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds:
             """Reset the masked envs into their next episodes (an env with none left idles on a fresh reset)."""
             reset_seeds = []
             for i in np.flatnonzero(mask):
-                slots[i] = _next_episode(queue, task, prompt)
+                slots[i] = _next_episode(queue, task, prompt, schedule)
                 reset_seeds.append(slots[i].seed if slots[i] else 0)
             full = [None] * n
             for i, s in zip(np.flatnonzero(mask), reset_seeds):
@@ -194,7 +236,7 @@ def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds:
         start(np.ones(n, bool))
         while any(slots) and not any(s.is_set() for s in stops):
             asks = {i: ep for i, ep in enumerate(slots)
-                    if ep is not None and (ep.chunk is None or ep.step - ep.chunk_start >= replan)}
+                    if ep is not None and ep.chunks.needs_chunk(ep.step)}
             args = {i: (clients[i], runner.request(_stacked(ep.history), ep.prompt),
                         (ep.seed * _SEED_STRIDE + ep.step) % (1 << 63)) for i, ep in asks.items()}
             waited = time.perf_counter()
@@ -203,17 +245,17 @@ def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds:
             for i in args:
                 ep = slots[i]
                 try:
-                    ep.chunk, latency, infer = replies[i].result() if replies is not None else _request(*args[i])
+                    chunk, latency, infer = replies[i].result() if replies is not None else _request(*args[i])
+                    ep.chunks.add(ep.step, chunk)
                 except LongboatError as e:
                     raise EvalError(f"{task} seed {ep.seed}: {e}") from None
-                ep.chunk_start = ep.step
                 ep.latency_ms.append(round(latency, 3))
                 ep.infer_ms.append(round(infer, 3))
             timing.request_s += time.perf_counter() - waited
             actions = np.zeros((n, *space.shape), np.float32)
             for i, ep in enumerate(slots):
                 if ep is not None:
-                    actions[i] = runner.action(ep.chunk[ep.step - ep.chunk_start], space)
+                    actions[i] = runner.action(ep.chunks.action(ep.step), space)
             stepped = time.perf_counter()
             obs, reward, success, _, info = vec.step(actions)
             timing.env_s += time.perf_counter() - stepped
@@ -238,11 +280,12 @@ def _lane(cfg: EvalConfig, runner: Runner, task: str, queue: deque, video_seeds:
         vec.close()
 
 
-def _next_episode(queue: deque, task: str, prompt: str) -> _Episode | None:
+def _next_episode(queue: deque, task: str, prompt: str, schedule: ChunkSchedule) -> _Episode | None:
     try:
-        return _Episode(task, queue.popleft(), prompt, False)  # popleft is atomic: lanes share the queue
+        seed = queue.popleft()  # atomic: lanes share the queue
     except IndexError:
         return None
+    return _Episode(task, seed, prompt, False, chunks=schedule.chunks())
 
 
 def _remember(ep: _Episode, obs: dict, n_obs: int) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 from longboat.config.base import ConfigError
 from longboat.errors import WorldError
 from longboat.eval.config import EvalConfig
-from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, policy_client, run_episodes,
-                                   vector_mode)
-from longboat.eval.results import (RESULTS_FILE, RUN_FILE, ResultsFile, read_results, summarize, write_json,
-                                   write_summary)
+from longboat.eval.episodes import (EvalError, FinishedEpisode, Timing, chunk_schedule, policy_client,
+                                   run_episodes, vector_mode)
+from longboat.eval.results import (RESULTS_FILE, RUN_FILE, SUMMARY_FILE, ResultsFile, read_results, summarize,
+                                   write_json, write_summary)
 from longboat.eval.runners import ObservationSpec, Runner, make_runner
 from longboat.eval.runners.base import IMAGE_PREFIX, STATE_FEATURE
 from longboat.sim.recorder import DEFAULT_CAMERA_KEY
@@ -169,6 +169,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     _make_output_dir(out)
     _check_run(out, cfg)
     results, summary_timing = ResultsFile(out / RESULTS_FILE), None
+    schedule_record = _previous_schedule(out)
     interrupted = threading.Event()
     seeds = cfg.episode_seeds()
     todo = {t: [s for s in seeds if (t, s) not in results.done] for t in cfg.tasks}
@@ -185,8 +186,9 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                 meta = clients[0].metadata
                 _check_sizes(cfg, runner, info.spec, meta)
                 horizon = int(meta.get("horizon") or info.horizon or 1)
-                # Actions used per chunk: the config's, else the policy's own (LeRobot's n_action_steps), else all.
-                replan = min(cfg.replan_steps or int(meta.get("n_action_steps") or horizon), horizon)
+                # How chunks are used: the config's, else the policy's own (LeRobot's settings), else all of each.
+                schedule = chunk_schedule(cfg, meta, horizon)
+                schedule_record = schedule.record()
                 n_obs = int(meta.get("n_obs_steps") or info.n_obs_steps)
                 tallies, timing = {t: _Tally(t) for t in cfg.tasks}, Timing()
                 for e in results.episodes:
@@ -209,13 +211,13 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
 
                     # Ray's workers take the seeds to film once: the first ones, as many as the quota.
                     video = set(seeds[:cfg.videos_per_task])
-                    run_on_ray(cfg, runner, todo, video, url, replan, n_obs, record, results.done, timing)
+                    run_on_ray(cfg, runner, todo, video, url, schedule, n_obs, record, results.done, timing)
                 else:
                     pool = stack.enter_context(ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval"))
                     stack.enter_context(ctrl_c_sets(interrupted))  # the envs stop between steps
                     for task, task_seeds in todo.items():
-                        for finished in run_episodes(cfg, runner, task, task_seeds, quotas[task], clients, pool, replan,
-                                                     n_obs, timing, interrupted):
+                        for finished in run_episodes(cfg, runner, task, task_seeds, quotas[task], clients, pool,
+                                                     schedule, n_obs, timing, interrupted):
                             record(finished)
                         if interrupted.is_set():
                             break
@@ -229,11 +231,21 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
         raise KeyboardInterrupt
     summary = summarize(results.episodes, cfg.tasks)
     summary["policy"], summary["benchmark"] = cfg.policy, cfg.benchmark
+    if schedule_record is not None:
+        summary["chunk_schedule"] = schedule_record
     if summary_timing is not None:
         summary["this_run_timing"] = summary_timing
     write_summary(out, summary)
     write_report(out, summary, results.episodes)
     return summary
+
+
+def _previous_schedule(out: Path) -> dict | None:
+    """The chunk schedule an earlier run into ``out`` recorded (kept when a resume has no episode left to run)."""
+    try:
+        return json.loads((out / SUMMARY_FILE).read_text()).get("chunk_schedule")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _advance(bar: RecordProgress, tally: _Tally, episode: dict) -> None:

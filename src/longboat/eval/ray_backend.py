@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from longboat.config.base import ConfigError
 from longboat.errors import LongboatError
 from longboat.eval.config import EvalConfig
-from longboat.eval.episodes import EvalError, FinishedEpisode, Timing, policy_client, run_episodes
+from longboat.eval.episodes import ChunkSchedule, EvalError, FinishedEpisode, Timing, policy_client, run_episodes
 from longboat.eval.runners import Runner
 
 log = logging.getLogger("longboat.eval")
@@ -43,9 +43,10 @@ class _EpisodeRunner:
     """A Ray actor that runs batches of episodes, one at a time, on envs of its own, handing over each episode as it
     finishes. Its process and policy clients serve every batch it is given."""
 
-    def __init__(self, cfg: EvalConfig, runner: Runner, video_seeds: set[int], url: str, replan: int, n_obs: int):
+    def __init__(self, cfg: EvalConfig, runner: Runner, video_seeds: set[int], url: str, schedule: ChunkSchedule,
+                 n_obs: int):
         self.cfg, self.runner, self.video_seeds, self.url = cfg, runner, video_seeds, url
-        self.replan, self.n_obs = replan, n_obs
+        self.schedule, self.n_obs = schedule, n_obs
         self.clients: list = []
         self.pool = ThreadPoolExecutor(cfg.num_envs, thread_name_prefix="longboat-eval")
         self._items = iter(())
@@ -64,7 +65,7 @@ class _EpisodeRunner:
     def _batch(self, task: str, seeds: list[int]):
         timing = Timing()
         yield from run_episodes(self.cfg, self.runner, task, seeds, self.video_seeds, self.clients, self.pool,
-                                self.replan, self.n_obs, timing)
+                                self.schedule, self.n_obs, timing)
         yield timing
 
 
@@ -92,7 +93,8 @@ def _worker_url(ray, url: str) -> str:
 
 
 def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], video_seeds: set[int], url: str,
-               replan: int, n_obs: int, record: Callable[[FinishedEpisode], None], done: set, timing: Timing) -> None:
+               schedule: ChunkSchedule, n_obs: int, record: Callable[[FinishedEpisode], None], done: set,
+               timing: Timing) -> None:
     """Run the ``todo`` seeds of each task on runners; ``record`` each episode as it arrives (``done``: the
     (task, seed) pairs recorded so far, kept up to date by ``record``)."""
     ray = import_ray()
@@ -105,7 +107,7 @@ def run_on_ray(cfg: EvalConfig, runner: Runner, todo: dict[str, list[int]], vide
         actor = ray.remote(_EpisodeRunner).options(num_cpus=cfg.ray.cpus_per_runner, max_restarts=0)
         size = cfg.ray.episodes_per_runner
         batches = deque((t, seeds[i:i + size], 0) for t, seeds in todo.items() for i in range(0, len(seeds), size))
-        _dispatch(ray, cfg, lambda: actor.remote(cfg, runner, video_seeds, url, replan, n_obs), batches, record,
+        _dispatch(ray, cfg, lambda: actor.remote(cfg, runner, video_seeds, url, schedule, n_obs), batches, record,
                   done, timing)
     finally:
         if started:

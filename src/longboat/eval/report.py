@@ -107,6 +107,7 @@ body{{font-family:sans-serif;margin:2em;max-width:60em}} table{{border-collapse:
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} figure{{display:inline-block;margin:0 1em 1em 0}}
 figure.failure figcaption{{color:#b22}} figcaption{{max-width:256px}}
 </style></head><body><h1>{html.escape(summary.get("benchmark", ""))}: {html.escape(str(summary.get("policy", "")))}</h1>
+{_schedule(summary.get("chunk_schedule"))}
 <h2>Success (bars) with Wilson 95% intervals (whiskers)</h2>{_success_chart(rows)}
 {_table(summary)}
 <h2>Request latency (round trip)</h2>{_histogram([x for e in episodes for x in e["latency_ms"]])}
@@ -114,3 +115,15 @@ figure.failure figcaption{{color:#b22}} figcaption{{max-width:256px}}
 </body></html>
 """
     return replace_file(directory / REPORT_FILE, page)
+
+
+def _schedule(schedule: dict | None) -> str:
+    """The header line saying how the episodes used the policy's chunks."""
+    if not schedule:
+        return ""
+    if schedule.get("temporal_ensemble") is not None:
+        how = f"temporal ensemble (coefficient {schedule['temporal_ensemble']:g}), a chunk asked every step"
+    else:
+        how = f"{schedule['replan_steps']} actions of each chunk"
+    by = ", ".join(f"{k} from {v}" for k, v in (schedule.get("set_by") or {}).items())
+    return f"<p>Chunks: {html.escape(how)}{html.escape(f' ({by})' if by else '')}</p>"

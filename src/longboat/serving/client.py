@@ -1,5 +1,6 @@
-"""A client of ``longboat serve`` (or any openpi-protocol server) that survives the server restarting, and a
-helper that steps a chunked policy one action at a time.
+"""A client of ``longboat serve`` (or any openpi-protocol server) that survives the server restarting; the chunk
+schedule (``ActionChunks``: when to ask for a chunk, which action a step takes, ACT's temporal ensemble) that both
+``ActionChunker`` (one action per call) and ``longboat eval``'s episodes follow.
 
 ``PolicyClient.infer`` sends one observation and returns the result. A dropped connection (the server restarted,
 the network blinked) is reopened with exponential backoff until ``connect_timeout_s`` and the request is sent
@@ -9,6 +10,7 @@ the same seed, the same actions). An error the server reports about the request 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -123,8 +125,61 @@ class PolicyClient:
         self.close()
 
 
+class ActionChunks:
+    """One episode's action chunks and the action each step takes from them: the one schedule ``ActionChunker`` and
+    ``longboat eval``'s episodes share.
+
+    A chunk is asked for every ``replan`` steps (and whenever no chunk covers the step). Without ``ensemble`` a step
+    takes its row of the newest chunk. With ``ensemble`` (ACT's temporal ensembling, LeRobot's
+    ``temporal_ensemble_coeff``) every chunk covering the step votes, weighted ``exp(-ensemble * i)`` with ``i = 0``
+    the oldest, and the weights normalised to sum to one; ACT asks every step (``replan=1``). The vote is computed in
+    float64 and returned in the chunks' dtype.
+    """
+
+    def __init__(self, replan: int, ensemble: float | None = None):
+        if replan < 1:
+            raise ValueError(f"replan must be at least 1, got {replan}")
+        if ensemble is not None and not math.isfinite(ensemble):
+            raise ValueError(f"the temporal ensemble coefficient must be a finite number, got {ensemble}")
+        self.replan, self.ensemble = replan, ensemble
+        self.chunks: list[tuple[int, np.ndarray]] = []  # (step it was asked at, [horizon, A]), oldest first
+
+    def reset(self) -> None:
+        """Forget the episode's chunks (call between episodes)."""
+        self.chunks = []
+
+    def needs_chunk(self, t: int) -> bool:
+        """Whether step ``t`` asks the policy for a new chunk."""
+        return not self.chunks or t - self.chunks[-1][0] >= self.replan or not self._covering(t)
+
+    def add(self, t: int, chunk) -> None:
+        """The chunk asked at step ``t`` [horizon, A]; one shorter than ``replan`` is the server's error."""
+        chunk = np.asarray(chunk)
+        if chunk.ndim != 2 or self.replan > chunk.shape[0]:
+            raise ServerError(f"expected an action chunk [horizon >= {self.replan}, A], got shape {list(chunk.shape)}")
+        self.chunks.append((t, chunk))
+
+    def action(self, t: int) -> np.ndarray:
+        """Step ``t``'s action [A] (steps go forward: chunks that no longer cover ``t`` are dropped)."""
+        self.chunks = covering = self._covering(t)
+        if not covering:
+            raise ValueError(f"no action chunk covers step {t}: ask for one first (needs_chunk)")
+        if self.ensemble is None:
+            start, chunk = covering[-1]
+            return chunk[t - start]
+        actions = np.stack([chunk[t - start] for start, chunk in covering]).astype(np.float64)
+        exponents = -self.ensemble * np.arange(len(covering), dtype=np.float64)
+        weights = np.exp(exponents - exponents.max())  # the same ratios; no overflow for a negative coefficient
+        vote = (weights[:, None] * actions).sum(0) / weights.sum()
+        return vote.astype(np.result_type(*(chunk.dtype for _, chunk in covering)), copy=False)
+
+    def _covering(self, t: int) -> list[tuple[int, np.ndarray]]:
+        return [(s, c) for s, c in self.chunks if s <= t < s + c.shape[0]]
+
+
 class ActionChunker:
-    """Steps a chunked policy one action per call: a new chunk every ``replan_every`` steps (at most the horizon).
+    """Steps a chunked policy one action per call, on ``ActionChunks``' schedule: a new chunk every
+    ``replan_every`` steps (at most the horizon).
 
     With ``ensemble_decay`` set, every chunk that covers the current step votes, weighted ``exp(-decay * i)`` with
     ``i = 0`` the oldest (ACT's temporal ensembling; query every step with ``replan_every=1`` as ACT does).
@@ -134,31 +189,18 @@ class ActionChunker:
         if replan_every < 1:
             raise ValueError(f"replan_every must be at least 1, got {replan_every}")
         self.infer, self.replan_every, self.ensemble_decay = infer, replan_every, ensemble_decay
+        self.chunks = ActionChunks(replan_every, ensemble_decay)
         self.reset()
 
     def reset(self) -> None:
         """Forget the episode's chunks (call between episodes)."""
         self.step_index = 0
-        self._chunks: list[tuple[int, np.ndarray]] = []  # (step it was asked at, [horizon, A])
+        self.chunks.reset()
 
     def step(self, obs: dict, **infer_kwargs: Any) -> np.ndarray:
         """The action for this step [A]."""
         t = self.step_index
-        if t % self.replan_every == 0 or not self._covering(t):
-            chunk = np.asarray(self.infer(obs, **infer_kwargs)["actions"])
-            if chunk.ndim != 2 or self.replan_every > chunk.shape[0]:
-                raise ServerError(f"expected an action chunk [horizon >= {self.replan_every}, A], "
-                                  f"got shape {list(chunk.shape)}")
-            self._chunks.append((t, chunk))
-        covering = self._covering(t)
-        self._chunks = covering  # older chunks no longer cover any later step
+        if self.chunks.needs_chunk(t):
+            self.chunks.add(t, self.infer(obs, **infer_kwargs)["actions"])
         self.step_index += 1
-        if self.ensemble_decay is None:
-            start, chunk = covering[-1]
-            return chunk[t - start]
-        actions = np.stack([chunk[t - start] for start, chunk in covering])
-        weights = np.exp(-self.ensemble_decay * np.arange(len(covering)))
-        return (weights[:, None] * actions).sum(0) / weights.sum()
-
-    def _covering(self, t: int) -> list[tuple[int, np.ndarray]]:
-        return [(s, c) for s, c in self._chunks if s <= t < s + c.shape[0]]
+        return self.chunks.action(t)
