@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -73,6 +74,27 @@ class _Plan:
     text: str
     spans: list[tuple[int, int]]
     prefixes: list[str]
+
+
+def fit_samples(samples: Sequence[Sample], seq_len: int, truncate: bool, counts: Counter) -> list[Sample]:
+    """The samples fitted to ``seq_len`` (dropped, or cut when ``truncate``) that still supervise a token; what was
+    dropped or cut is counted in ``counts``."""
+    out = []
+    for s in samples:
+        if len(s) > seq_len:
+            if not truncate:
+                counts["dropped (too long)"] += 1
+                continue
+            s = s.truncated(seq_len)
+            if s is None:
+                counts["dropped (truncation through an image)"] += 1
+                continue
+            counts["truncated"] += 1
+        if not (s.labels >= 0).any():
+            counts["no supervised token"] += 1
+            continue
+        out.append(s)
+    return out
 
 
 class SupervisionError(ChatTemplateError):
