@@ -221,3 +221,18 @@ def test_rank_zero_builds_and_the_other_rank_maps(qwen_tokenizer, tmp_path):
     assert [g["built"] for g in got] == [1, 0] and all(g["mapped"] for g in got)
     assert got[0]["tokens"] == got[1]["tokens"]
     assert len(list((tmp_path / "cache").glob("sft-*"))) == 1
+
+
+def test_mapped_rows_reach_loader_workers_as_file_names(qwen_tokenizer, tmp_path):
+    import pickle
+
+    enc, _ = build(write(tmp_path / "chat.jsonl", rows(60)), settings(qwen_tokenizer), tmp_path / "cache")
+    index = np.arange(len(enc.starts) - 1)
+    mapped = mapped_rows([MappedArrays(enc.tokens, enc.labels, enc.starts)], np.zeros(len(index), np.int64), index,
+                         96, 0)
+    data = pickle.dumps(mapped)
+    assert len(data) < enc.tokens.nbytes  # the tokens stay in their file
+    back = pickle.loads(data)
+    assert isinstance(back.stores[0].tokens, np.memmap)
+    for r in range(len(mapped)):
+        assert all((back[r][k] == mapped[r][k]).all() for k in mapped[r])

@@ -148,7 +148,9 @@ def merge_report(into: SourceReport, part: SourceReport) -> None:
 _WORKER: dict = {}
 
 
-def _init_worker(settings: EncodeSettings, path: str, format: str) -> None:
+def _init_worker(settings: EncodeSettings, path: str, format: str, pooled: bool = True) -> None:
+    if pooled:  # one thread a worker: the pool is the parallelism (the tokenizer's own would oversubscribe)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER.update(supervisor=settings.supervisor(), settings=settings, path=path, format=format)
 
 
@@ -208,9 +210,10 @@ def _chunks(path: str, split: str | None) -> Iterator[list[tuple[int, Any]]]:
 
 
 def _start_method() -> str:
-    # forkserver: the workers start from a clean process, not a fork of a trainer holding threads and a process
-    # group; fork elsewhere is unsafe (macOS), spawn works everywhere.
-    return "forkserver" if sys.platform == "linux" else "spawn"
+    # fork, as the DataLoader's workers: no __main__ guard needed in the caller's script, and the workers touch
+    # nothing of the trainer's (threads, process group), only the tokenizer and the template. Elsewhere (macOS)
+    # fork is unsafe.
+    return "fork" if sys.platform == "linux" else "spawn"
 
 
 def _encoded_chunks(path: str, format: str, split: str | None, settings: EncodeSettings,
@@ -219,7 +222,7 @@ def _encoded_chunks(path: str, format: str, split: str | None, settings: EncodeS
     chunks = _chunks(path, split)
     head = [c for _, c in zip(range(2), chunks)]
     if workers <= 1 or len(head) < 2:
-        _init_worker(settings, path, format)
+        _init_worker(settings, path, format, pooled=False)
         for chunk in [*head, *chunks]:
             yield _encode_chunk(chunk)
         return
