@@ -9,6 +9,7 @@ rows, so it is done once and the loader reshuffles the rows every epoch.
 from __future__ import annotations
 
 import bisect
+import heapq
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -22,24 +23,33 @@ from longboat.data.labels import IGNORE_INDEX
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Bins of sample indices, each holding at most ``capacity`` tokens.
 
-    Longest first (ties by index), each sample goes to the open bin it fills most tightly, else to a new bin.
+    Longest first (ties by index), each sample goes to the open bin it fills most tightly (ties: the first bin
+    opened), else to a new bin. Open bins are kept by room left, one heap of bins per room, so finding the tightest
+    fit costs a bisection over the distinct rooms (at most ``capacity``), not over every open bin.
     """
     if any(n > capacity or n <= 0 for n in lengths):
         raise ValueError(f"every length must be in 1..{capacity}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (room left, bin), sorted: the tightest fit is the first with room >= n
+    rooms: list[int] = []  # the distinct rooms of open bins, sorted
+    by_room: dict[int, list[int]] = {}  # room -> heap of the bins with that room
     for i in order:
         n = lengths[i]
-        k = bisect.bisect_left(free, (n, -1))
-        if k < len(free):
-            room, b = free.pop(k)
+        k = bisect.bisect_left(rooms, n)
+        if k < len(rooms):
+            room = rooms[k]
+            b = heapq.heappop(by_room[room])
+            if not by_room[room]:
+                del rooms[k], by_room[room]
         else:
             room, b = capacity, len(bins)
             bins.append([])
         bins[b].append(i)
         if room - n > 0:
-            bisect.insort(free, (room - n, b))
+            if room - n not in by_room:
+                bisect.insort(rooms, room - n)
+                by_room[room - n] = []
+            heapq.heappush(by_room[room - n], b)
     return bins
 
 
