@@ -325,6 +325,9 @@ def encoded_source(path: str, format: str, split: str | None, settings: EncodeSe
         on_build(final)
     started = time.perf_counter()
     _build(final, path, format, split, settings, workers, description)
-    out = _read(final, path)
+    try:
+        out = _read(final, path)
+    except ValueError as e:
+        raise ChatCacheError(f"{final}: the SFT cache just written cannot be read back ({e})") from None
     out.built_s = time.perf_counter() - started
     return out
