@@ -3,10 +3,12 @@
 Both fine-tune the same Hugging Face checkpoint on the same chat conversations (user asks for a passage of
 stdlib documentation to be repeated, the assistant repeats it: lengths spread like real chat data) with the
 model's own chat template, AdamW at the same learning rate, fp32, on this machine's CPUs. Each side runs as
-its users run it: ours the ``longboat train`` path with packed rows (its default), theirs ``SFTTrainer`` with
-its default collator (padding to the longest sample of each batch). Throughput is real (non-padding) tokens
-per second, the median over steps after warm-up; the ratio is ours over theirs. The two run one after the
-other in this process, with the same torch thread count.
+its users run it: ours the ``longboat train`` path with packed rows (its default); theirs ``SFTTrainer`` twice,
+with its default collator (padding to the longest sample of each batch) and with ``packing=True`` (best-fit
+decreasing into rows of ``max_length``, padding-free: a batch is one flattened sequence with position ids), as
+many rows per step as ours. Throughput is real (non-padding) tokens per second, the median over steps after
+warm-up; the ratios are ours over each of theirs. They run one after the other in this process, with the same
+torch thread count.
 
     pip install -e '.[bench]' -c constraints.txt  # TRL and datasets
     python bench/sft_trl.py                      # a 4-layer Llama with SmolLM2's tokenizer (a few minutes)
@@ -87,7 +89,7 @@ def ours(hf_dir: Path, data: Path, run_dir: Path, args) -> tuple[float, dict]:
     return statistics.median(rates), {"rows_per_step": rows}
 
 
-def theirs(hf_dir: Path, data: Path, out: Path, args) -> float:
+def theirs(hf_dir: Path, data: Path, out: Path, args, packing: bool = False, batch: int | None = None) -> float:
     import datasets
     import transformers
     from trl import SFTConfig, SFTTrainer
@@ -103,9 +105,10 @@ def theirs(hf_dir: Path, data: Path, out: Path, args) -> float:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     config = SFTConfig(
-        output_dir=str(out), max_length=args.seq_len, per_device_train_batch_size=args.batch, max_steps=args.steps,
+        output_dir=str(out), max_length=args.seq_len, per_device_train_batch_size=batch or args.batch,
+        max_steps=args.steps,
         learning_rate=1e-5, weight_decay=0.0, warmup_steps=0, logging_steps=1, report_to=[], save_strategy="no",
-        use_cpu=True, dataloader_num_workers=0, bf16=False, packing=False, disable_tqdm=True,
+        use_cpu=True, dataloader_num_workers=0, bf16=False, packing=packing, disable_tqdm=True,
     )
     dataset = datasets.load_dataset("json", data_files=str(data), split="train")
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset,
@@ -144,11 +147,15 @@ def main() -> None:
         torch.set_num_threads(torch.get_num_threads())
         ours_rate, info = ours(hf_dir, data, tmp / "ours", args)
         theirs_rate = theirs(hf_dir, data, tmp / "trl", args)
+        packed_rate = theirs(hf_dir, data, tmp / "trl_packed", args, packing=True, batch=info["rows_per_step"])
     print(f"model {hf_dir if args.hf else 'llama 4x256 (random) + SmolLM2 tokenizer'} · seq_len {args.seq_len} · "
           f"{args.steps} steps, median after {args.warmup}")
     print(f"longboat sft (packed, {info['rows_per_step']} rows/step): {ours_rate:8.1f} tokens/s")
     print(f"trl SFTTrainer (batch {args.batch}, padded per batch): {theirs_rate:8.1f} tokens/s")
-    print(f"ratio ours/theirs: {ours_rate / theirs_rate:.2f}x")
+    print(f"trl SFTTrainer (packing=True: best-fit decreasing, padding-free, {info['rows_per_step']} rows of "
+          f"{args.seq_len}/step): {packed_rate:8.1f} tokens/s")
+    print(f"ratio ours/theirs padded: {ours_rate / theirs_rate:.2f}x · ours/theirs packed: "
+          f"{ours_rate / packed_rate:.2f}x")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,31 @@ def test_mixing_weights_repeat_and_subsample_each_source(tmp_path):
     assert len(draws) > 1  # the draw follows the seed
 
 
+@pytest.mark.parametrize("packing", [True, False])
+def test_cached_sources_give_the_rows_of_encoding_in_memory(tmp_path, packing):
+    a = write_jsonl(tmp_path / "a.jsonl", [chat(i, words=1 + i % 17) for i in range(60)] + ["{bad"])
+    b = write_jsonl(tmp_path / "b.jsonl", [chat(100 + i, words=40) for i in range(30)])
+    v = write_jsonl(tmp_path / "v.jsonl", [chat(500 + i) for i in range(6)])
+    common = [f"data.sources=[{{path: {a}, weight: 2.5}}, {{path: {b}, weight: 0.4}}]", f"data.valid_sources=[{v}]",
+              "data.valid_fraction=0.2", "data.max_malformed_fraction=0.05", "data.seq_len=48",
+              "data.truncation=truncate", f"data.packing={str(packing).lower()}", "train.micro_batch_size=1"]
+    runs = {}
+    for cache in ("false", "true"):
+        resolved = resolve(tmp_path, *common, f"data.cache={cache}", f"data.cache_dir={tmp_path / 'cache'}")
+        runs[cache] = (resolved.task, resolved.task.build(resolved.model, resolved.cfg.train, 3, 1))
+    (memory_task, memory), (cached_task, cached) = runs["false"], runs["true"]
+    assert cached.summary["cache"].startswith(f"{tmp_path / 'cache'}: 0 read, 3 encoded")
+    for key in ("train_samples", "train_rows", "valid_rows", "packing", "truncated"):
+        assert cached.summary[key] == memory.summary[key]
+    for split in ("train", "valid"):
+        got, want = getattr(cached, split), getattr(memory, split)
+        assert len(got) == len(want)
+        for r in range(len(want)):
+            assert all(torch.equal(got[r][k], want[r][k]) for k in want[r])
+    # Turning the cache on or off is not a change of rows for a resumed run.
+    assert torch.equal(cached_task.state_dict()["rows_fingerprint"], memory_task.state_dict()["rows_fingerprint"])
+
+
 def test_held_out_conversations_never_train(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [chat(i) for i in range(20)])
     v = write_jsonl(tmp_path / "v.jsonl", [chat(500 + i) for i in range(4)])

@@ -32,9 +32,10 @@ from pydantic import Field, field_validator
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.chat.builtin import resolve_chat_template
 from longboat.data.chat.images import expand_images, image_rows, read_image_conversations
-from longboat.data.chat.packing import ChatRows, pack, pad
+from longboat.data.chat.cache import EncodeSettings, encoded_source
+from longboat.data.chat.packing import ChatRows, MappedArrays, MappedRows, mapped_rows, pack, pad
 from longboat.data.chat.sources import Format, check_malformed, check_source, read_conversations
-from longboat.data.chat.supervision import ChatSupervisor, Sample
+from longboat.data.chat.supervision import ChatSupervisor, Sample, fit_samples
 from longboat.data.tokenizer import CHAT_TEMPLATE_FILE, CONFIG_FILE, Tokenizer
 from longboat.models.contracts import image_reader, require_language_model
 from longboat.models.registry import hooks_for_config
@@ -65,6 +66,11 @@ class SFTDataConfig(StrictModel):
     truncation: Literal["drop", "truncate"] = "drop"
     history_rewrite: Literal["per_turn", "error"] = "per_turn"
     max_malformed_fraction: float = Field(default=0.01, ge=0, le=1)
+    cache: bool = Field(default=True, description="encode each source once into cache_dir and memory-map it "
+                                                  "(a model that reads images always encodes in memory)")
+    cache_dir: str | None = Field(default=None, description="where encoded sources live (default: .cache beside "
+                                                            "the first source)")
+    workers: int = Field(default=2, ge=1, description="processes that encode a source into the cache")
     image_token: str = Field(default="<image>", description="an image's placeholder in the text (a model that reads "
                                                             "images): one token of the tokenizer, its image_token_id")
 
@@ -115,13 +121,35 @@ class SFT(Task):
     def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
         data: SFTDataConfig = self.data
         tokenizer = Tokenizer(data.tokenizer)
+        counts: Counter = Counter()  # over each source's conversations once, before weighting
+        images = image_reader(model_cfg)  # None for a model that reads no images
+        if data.cache and images is None:
+            train_rows, valid_rows, n_train, encoded = self._cached_rows(seed, counts, _pad_id(tokenizer))
+        else:
+            train_rows, valid_rows, n_train, encoded = self._rows_in_memory(tokenizer, images, seed, counts)
+        if valid_rows is not None and len(valid_rows) < train_cfg.micro_batch_size * dp_size:
+            raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
+                              f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
+        self._fingerprint = _fingerprint(train_rows)
+        if images is not None:  # what the tower adds to a token's FLOPs, on average over the training tokens
+            share = float((train_rows.tokens == images.image_token_id).mean())
+            self._image_flops = share * images.flops_per_image_token
+        summary = {"train_samples": n_train, "train_rows": len(train_rows),
+                   "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
+                   "valid_rows": len(valid_rows) if valid_rows is not None else 0,
+                   **{name: n for name, n in counts.items() if n}, **encoded}
+        return TaskData(train_rows, valid_rows,
+                        make_lm_loss(True, True, per_sample=data.loss_normalization == "samples",
+                                     extra_inputs=hooks_for_config(model_cfg).model_inputs), summary)
+
+    def _rows_in_memory(self, tokenizer: Tokenizer, images, seed: int, counts: Counter):
+        """Every source read, encoded and fitted in this process, the samples held in memory (and their images)."""
+        data: SFTDataConfig = self.data
         template, _ = resolve_chat_template(tokenizer, data.chat_template)
         supervisor = ChatSupervisor(tokenizer, template, data.template_kwargs, data.train_on, data.history_rewrite)
         train: list[Sample] = []
         valid: list[Sample] = []
-        counts: Counter = Counter()  # over each source's conversations once, before weighting
         encoding_s, n_conversations = 0.0, 0
-        images = image_reader(model_cfg)  # None for a model that reads no images
         for k, source in enumerate(data.sources + data.valid_sources):
             if images is None:
                 conversations, report = read_conversations(source.path, source.format, source.split)
@@ -140,9 +168,7 @@ class SFT(Task):
                 report.count(conversations[i].row, "rejected by template", conversations[i].messages, why)
             check_malformed(report, data.max_malformed_fraction)
             counts["boundary merges"] += stats.boundary_merges
-            console.print(f"{source.path}: {report.rows - report.n_malformed} conversations"
-                          + (f" · malformed {report.describe()}" if report.n_malformed else "")
-                          + (f" · {stats.per_turn} split per turn (history rewrite)" if stats.per_turn else ""))
+            _print_source(source.path, report, stats.per_turn)
             fitted = {i: self._fit(encoded[i], counts) for i in range(len(conversations)) if i not in stats.rejected}
             kept = list(fitted)
             if k >= len(data.sources):  # a validation source
@@ -154,51 +180,62 @@ class SFT(Task):
             valid += [s for j in sorted(order[:n_valid]) for s in fitted[kept[j]]]
             chosen = _weighted([kept[j] for j in sorted(order[n_valid:])], source.weight, rng, source.path)
             train += [s for i in chosen for s in fitted[i]]
-        if not train:
-            raise ConfigError(f"data: no training sample fits data.seq_len={data.seq_len} "
-                              f"({counts['dropped (too long)']} dropped as too long, "
-                              f"{counts['no supervised token']} with no supervised token)")
+        self._check_some(len(train), counts)
         layout = pack if data.packing else pad
         if images is not None:
             layout = functools.partial(image_rows, processor=images.processor, packing=data.packing)
         pad_id = _pad_id(tokenizer)
-        train_rows = layout(train, data.seq_len, pad_id)
         valid_rows = layout(valid, data.seq_len, pad_id) if valid else None
-        if valid_rows is not None and len(valid_rows) < train_cfg.micro_batch_size * dp_size:
-            raise ConfigError(f"data: the validation split fills {len(valid_rows)} rows, fewer than one micro-batch "
-                              f"on every rank ({train_cfg.micro_batch_size} × {dp_size}); hold out more or drop it")
-        self._fingerprint = _fingerprint(train_rows)
-        if images is not None:  # what the tower adds to a token's FLOPs, on average over the training tokens
-            share = float((train_rows.tokens == images.image_token_id).mean())
-            self._image_flops = share * images.flops_per_image_token
-        summary = {"train_samples": len(train), "train_rows": len(train_rows),
-                   "packing": f"{train_rows.efficiency:.1%} tokens" if data.packing else "off",
-                   "valid_rows": len(valid_rows) if valid_rows is not None else 0,
-                   **{name: n for name, n in counts.items() if n},
-                   "tokenized": f"{n_conversations / max(encoding_s, 1e-9):.0f} conversations/s"}
-        return TaskData(train_rows, valid_rows,
-                        make_lm_loss(True, True, per_sample=data.loss_normalization == "samples",
-                                     extra_inputs=hooks_for_config(model_cfg).model_inputs), summary)
+        return (layout(train, data.seq_len, pad_id), valid_rows, len(train),
+                {"tokenized": f"{n_conversations / max(encoding_s, 1e-9):.0f} conversations/s"})
+
+    def _cached_rows(self, seed: int, counts: Counter, pad_id: int):
+        """Every source's samples from its cache (encoded there first by ``data.workers`` processes when absent),
+        chosen as :meth:`_rows_in_memory` chooses them, laid out from their lengths and read by memory map."""
+        data: SFTDataConfig = self.data
+        settings = EncodeSettings(data.tokenizer, data.chat_template, data.template_kwargs, data.train_on,
+                                  data.history_rewrite, data.seq_len, data.truncation)
+        cache_dir = sft_cache_dir(data)
+        stores, train, valid, built, built_s, conversations = [], [], [], 0, 0.0, 0
+        for k, source in enumerate(data.sources + data.valid_sources):
+            enc = encoded_source(source.path, source.format, source.split, settings, cache_dir, data.workers)
+            check_malformed(enc.read_report, data.max_malformed_fraction)
+            check_malformed(enc.report, data.max_malformed_fraction)
+            counts.update(enc.counts)
+            _print_source(source.path, enc.report, enc.per_turn)
+            stores.append(MappedArrays(enc.tokens, enc.labels, enc.starts))
+            if enc.built_s is not None:
+                built, built_s, conversations = built + 1, built_s + enc.built_s, conversations + enc.conversations
+            kept = np.arange(enc.conversations)
+            if k >= len(data.sources):  # a validation source
+                valid.append((k, _samples_of(enc.kept, kept)))
+                continue
+            rng = np.random.default_rng([seed, k])
+            order = rng.permutation(len(kept))
+            n_valid = round(data.valid_fraction * len(kept))
+            valid.append((k, _samples_of(enc.kept, np.sort(order[:n_valid]))))
+            chosen = _weighted_array(np.sort(order[n_valid:]), source.weight, rng, source.path)
+            train.append((k, _samples_of(enc.kept, chosen)))
+        store, index = _concat(train)
+        self._check_some(len(index), counts)
+        valid_store, valid_index = _concat(valid)
+        valid_rows = (mapped_rows(stores, valid_store, valid_index, data.seq_len, pad_id, data.packing)
+                      if len(valid_index) else None)
+        encoded = {"cache": f"{cache_dir}: {len(stores) - built} read"
+                            + (f", {built} encoded ({conversations / max(built_s, 1e-9):.0f} conversations/s)"
+                               if built else "")}
+        return (mapped_rows(stores, store, index, data.seq_len, pad_id, data.packing), valid_rows, len(index),
+                encoded)
+
+    def _check_some(self, n_train: int, counts: Counter) -> None:
+        if not n_train:
+            raise ConfigError(f"data: no training sample fits data.seq_len={self.data.seq_len} "
+                              f"({counts['dropped (too long)']} dropped as too long, "
+                              f"{counts['no supervised token']} with no supervised token)")
 
     def _fit(self, samples: list[Sample], counts: Counter) -> list[Sample]:
         """The samples fitted to ``seq_len`` (dropped or truncated) that still supervise a token."""
-        seq_len, truncate = self.data.seq_len, self.data.truncation == "truncate"
-        out = []
-        for s in samples:
-            if len(s) > seq_len:
-                if not truncate:
-                    counts["dropped (too long)"] += 1
-                    continue
-                s = s.truncated(seq_len)
-                if s is None:
-                    counts["dropped (truncation through an image)"] += 1
-                    continue
-                counts["truncated"] += 1
-            if not (s.labels >= 0).any():
-                counts["no supervised token"] += 1
-                continue
-            out.append(s)
-        return out
+        return fit_samples(samples, self.data.seq_len, self.data.truncation == "truncate", counts)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"rows_fingerprint": self._fingerprint} if self._fingerprint is not None else {}
@@ -242,9 +279,42 @@ def _weighted(indices: list[int], weight: float, rng: np.random.Generator, path:
     return indices * repeats + sorted(indices[j] for j in rng.permutation(len(indices))[:rest])
 
 
-def _fingerprint(rows: ChatRows) -> torch.Tensor:
+def _weighted_array(indices: np.ndarray, weight: float, rng: np.random.Generator, path: str) -> np.ndarray:
+    """:func:`_weighted` on an array: the same draw from the same generator."""
+    target = round(weight * len(indices))
+    if len(indices) and target == 0:
+        raise ConfigError(f"data.sources: {path}: weight {weight} keeps none of its {len(indices)} conversations")
+    repeats, rest = divmod(target, len(indices)) if len(indices) else (0, 0)
+    return np.concatenate([np.tile(indices, repeats), np.sort(indices[rng.permutation(len(indices))[:rest]])])
+
+
+def _samples_of(kept: np.ndarray, conversations: np.ndarray) -> np.ndarray:
+    """The samples of the given kept conversations, in order (``kept[j]:kept[j + 1]`` are conversation j's)."""
+    conversations = np.asarray(conversations, dtype=np.int64)
+    first, n = kept[conversations], kept[conversations + 1] - kept[conversations]
+    return np.repeat(first - np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64), n) + np.arange(n.sum())
+
+
+def _concat(parts: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(store, index)`` of the samples of every ``(store, sample indices)`` part, in order."""
+    store = np.concatenate([np.zeros(0, np.int64), *[np.full(len(ix), k, dtype=np.int64) for k, ix in parts]])
+    return store, np.concatenate([np.zeros(0, np.int64), *[ix for _, ix in parts]]).astype(np.int64)
+
+
+def sft_cache_dir(data: SFTDataConfig) -> str:
+    """``data.cache_dir``, or ``.cache`` beside the first source."""
+    return data.cache_dir or str(Path(data.sources[0].path).resolve().parent / ".cache")
+
+
+def _print_source(path: str, report, per_turn: int) -> None:
+    console.print(f"{path}: {report.rows - report.n_malformed} conversations"
+                  + (f" · malformed {report.describe()}" if report.n_malformed else "")
+                  + (f" · {per_turn} split per turn (history rewrite)" if per_turn else ""))
+
+
+def _fingerprint(rows: ChatRows | MappedRows) -> torch.Tensor:
     digest = hashlib.blake2b(digest_size=8)
-    for array in (rows.tokens, rows.labels, rows.starts, rows.row_starts, rows.row_samples):
+    for array in rows.fingerprint_arrays():
         digest.update(np.ascontiguousarray(array).tobytes())
     return torch.from_numpy(np.frombuffer(digest.digest(), dtype=np.int64).copy())
 

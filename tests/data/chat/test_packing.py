@@ -24,6 +24,31 @@ def samples_of(lengths: list[int]) -> list[Sample]:
     return out
 
 
+def reference_best_fit(lengths, capacity):
+    """Best-fit decreasing by its definition: scan every open bin for the tightest fit (the first on ties)."""
+    bins, room = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        fits = [b for b in range(len(bins)) if room[b] >= lengths[i]]
+        if fits:
+            b = min(fits, key=lambda b: (room[b], b))
+        else:
+            b = len(bins)
+            bins.append([])
+            room.append(capacity)
+        bins[b].append(i)
+        room[b] -= lengths[i]
+    return bins
+
+
+@pytest.mark.parametrize("capacity", [16, 64, 512])
+def test_best_fit_decreasing_equals_its_definition(capacity):
+    rng = np.random.default_rng(capacity)
+    for _ in range(5):
+        lengths = rng.integers(1, capacity + 1, size=int(rng.integers(1, 300))).tolist()
+        lengths += [capacity // 2] * 7 + [1] * 5  # ties in length and in room
+        assert best_fit_decreasing(lengths, capacity) == reference_best_fit(lengths, capacity)
+
+
 def test_best_fit_decreasing_places_each_sample_in_the_tightest_row():
     # 7, 6 and 5 open rows 0-2 (room 3, 4, 5); 4 fills row 1 exactly, not row 2; 3 fills row 0; 2 and 1 go to row 2.
     assert best_fit_decreasing([3, 7, 5, 4, 6, 2, 1], 10) == [[1, 0], [4, 3], [2, 5, 6]]

@@ -50,6 +50,28 @@ def test_qwen25_style_template_matches_transformers(qwen_tokenizer):
     assert_matches_transformers(qwen_tokenizer, CONVERSATIONS)
 
 
+def generated(n: int, seed: int = 0) -> list[list[dict]]:
+    """Multi-turn conversations of words drawn from the fixtures' conversations, some with a system prompt."""
+    import random
+
+    rng = random.Random(seed)
+    words = " ".join(m["content"] for c in CONVERSATIONS for m in c).split()
+    out = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": "You answer like a sailor."}] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 3)):
+            messages += [{"role": role, "content": " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))}
+                         for role in ("user", "assistant")]
+        out.append(messages)
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen_tokenizer", "llama_tokenizer"])
+def test_generated_conversations_match_transformers(name, request):
+    """Span boundaries found by bisecting a few tokens' offsets give the labels of the definition."""
+    assert_matches_transformers(request.getfixturevalue(name), generated(40))
+
+
 def test_llama3_style_template_matches_transformers(llama_tokenizer):
     assert_matches_transformers(llama_tokenizer, CONVERSATIONS)
 

@@ -135,14 +135,8 @@ def source_rows(path: Path, split: str | None, report: SourceReport) -> Iterator
     elif path.suffix == ".jsonl":
         with path.open("rb") as f:  # bytes: a line that is not UTF-8 is one malformed row, not the file's end
             for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield line_no, loads(line)
-                except JSONTextError as e:
-                    report.rows += 1
-                    report.count(line_no, "unparsable line", line.rstrip(b"\n").decode("utf-8", "replace"),
-                                 e.reason)
+                if line.strip():
+                    yield from parse_line(line_no, line, report)
     elif path.suffix == ".json":
         data = read_json_file(path, ChatDataError)
         if not isinstance(data, list):
@@ -150,6 +144,15 @@ def source_rows(path: Path, split: str | None, report: SourceReport) -> Iterator
         yield from enumerate(data, start=1)
     else:
         yield from enumerate(_read_parquet(path), start=1)
+
+
+def parse_line(line_no: int, line: bytes, report: SourceReport) -> Iterator[tuple[int, Any]]:
+    """The row of one non-blank jsonl line, or nothing when it is counted in ``report`` as unparsable."""
+    try:
+        yield line_no, loads(line)
+    except JSONTextError as e:
+        report.rows += 1
+        report.count(line_no, "unparsable line", line.rstrip(b"\n").decode("utf-8", "replace"), e.reason)
 
 
 def _read_parquet(path: Path) -> list[dict]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -73,6 +74,27 @@ class _Plan:
     text: str
     spans: list[tuple[int, int]]
     prefixes: list[str]
+
+
+def fit_samples(samples: Sequence[Sample], seq_len: int, truncate: bool, counts: Counter) -> list[Sample]:
+    """The samples fitted to ``seq_len`` (dropped, or cut when ``truncate``) that still supervise a token; what was
+    dropped or cut is counted in ``counts``."""
+    out = []
+    for s in samples:
+        if len(s) > seq_len:
+            if not truncate:
+                counts["dropped (too long)"] += 1
+                continue
+            s = s.truncated(seq_len)
+            if s is None:
+                counts["dropped (truncation through an image)"] += 1
+                continue
+            counts["truncated"] += 1
+        if not (s.labels >= 0).any():
+            counts["no supervised token"] += 1
+            continue
+        out.append(s)
+    return out
 
 
 class SupervisionError(ChatTemplateError):
@@ -164,7 +186,7 @@ class ChatSupervisor:
     def _tokenize(self, plans: list[_Plan], stats: SupervisionStats) -> list[Sample]:
         encodings = self.tokenizer.backend.encode_batch([p.text for p in plans], add_special_tokens=False)
         ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
-        offsets = [e.offsets for e in encodings]
+        offsets = [_Offsets(e) for e in encodings]  # read at the few tokens a bisection visits
         added = [np.flatnonzero(np.isin(ids[k], self._added)) if plan.prefixes else None
                  for k, plan in enumerate(plans)]
         checks = [(k, *_window(plan.text, offsets[k], added[k], len(prefix)))
@@ -187,7 +209,23 @@ class ChatSupervisor:
         return np.fromiter(self.tokenizer.backend.get_added_tokens_decoder(), dtype=np.int64)
 
 
-def _window(text: str, offsets: list[tuple[int, int]], added: np.ndarray, end: int) -> tuple[str, int, int]:
+class _Offsets:
+    """An encoding's ``(start, end)`` character offsets by token, each asked of the encoding when read: a span's
+    boundaries are found by bisection, which visits a few tokens, where ``Encoding.offsets`` builds them all."""
+
+    def __init__(self, encoding):
+        self.encoding, self.n = encoding, len(encoding)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, t: int) -> tuple[int, int]:
+        if not 0 <= t < self.n:
+            raise IndexError(t)
+        return self.encoding.token_to_chars(t)
+
+
+def _window(text: str, offsets: Sequence[tuple[int, int]], added: np.ndarray, end: int) -> tuple[str, int, int]:
     """``(text, first, last)``: the prefix ``text[:end]`` from its last added token on (``added``: the positions
     of added tokens), whose ids must equal the full ids ``[first:last]`` for the prefix's ids to be a prefix of them.
 
@@ -200,10 +238,10 @@ def _window(text: str, offsets: list[tuple[int, int]], added: np.ndarray, end: i
     return text[offsets[first][0] if k >= 0 else 0:end], first, last
 
 
-def _tokens_ending_by(offsets: list[tuple[int, int]], c: int) -> int:
+def _tokens_ending_by(offsets: Sequence[tuple[int, int]], c: int) -> int:
     """How many tokens end at or before character ``c`` (offsets are ordered)."""
     return bisect.bisect_right(offsets, c, key=lambda o: o[1])
 
 
-def _tokens_starting_before(offsets: list[tuple[int, int]], c: int) -> int:
+def _tokens_starting_before(offsets: Sequence[tuple[int, int]], c: int) -> int:
     return bisect.bisect_left(offsets, c, key=lambda o: o[0])
