@@ -16,3 +16,10 @@ class WorldError(LongboatError):
     """The input is fine but the machine cannot do it now: a port taken, a path unwritable, memory short."""
 
     exit_code = 1
+
+
+class StoppedByPeer(LongboatError):
+    """This rank stopped because another rank of the job failed first; that rank's error is the one to read, so the
+    command line prints nothing for this one."""
+
+    quiet = True

@@ -29,3 +29,11 @@ def test_inherit_must_name_configs(tmp_path, capsys, inherit):
     cfg.write_text(f"inherit: {inherit}\nrun_dir: r\ntrain: {{steps: 1}}\n")
     assert main(["train", str(cfg), "--check"]) == 2
     assert "'inherit' must be a config path or a list of them" in capsys.readouterr().err
+
+
+def test_models_lists_a_preset_whose_inputs_are_made_first(capsys):
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (vla,) = [line for line in lines if line.split()[:2] == ["smollm2", "flow_vla"]]
+    assert "(needs runs/smollm2-135m-instruct: not a Hugging Face checkpoint" in vla
+    assert any(line.split()[:2] == ["tiny", "dit"] for line in lines)

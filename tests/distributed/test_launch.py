@@ -57,6 +57,23 @@ def test_a_rank_error_under_nproc_is_the_only_output(tmp_path):
     assert "must divide the model's n_heads (4) and n_kv_heads (1)" in lines[0]
 
 
+def test_bad_data_found_by_the_building_rank_is_the_jobs_one_error(tmp_path):
+    """Rank 0 reads the SFT data while rank 1 waits for it: rank 0's one-line error ends the job, and rank 1 stops
+    without a collective's traceback."""
+    rows = (REPO / "tests/fixtures/sft/chat.jsonl").read_text().splitlines()[:2] + ['{"messages": 5}'] * 20
+    (tmp_path / "bad.jsonl").write_text("\n".join(rows) + "\n")
+    config = (REPO / "configs/sft/tiny.yaml").read_text().replace("tests/fixtures/sft/chat.jsonl",
+                                                                  str(tmp_path / "bad.jsonl"))
+    (tmp_path / "bad.yaml").write_text(config)
+    cmd = [sys.executable, "-m", "longboat", "train", "--nproc", "2", str(tmp_path / "bad.yaml"),
+           f"run_dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert proc.stderr.splitlines() == [line for line in proc.stderr.splitlines() if line.startswith("error: [rank 0]")]
+    assert len(proc.stderr.splitlines()) == 1 and "20 of 22 rows are malformed" in proc.stderr, proc.stderr[-4000:]
+
+
 def test_sigterm_to_the_nproc_launcher_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
     """The launcher runs in the command's process: a SIGTERM to it reaches the ranks, which stop after the same step
     with one checkpoint, and the job exits 143 (128 + SIGTERM) without a launcher traceback."""

@@ -74,10 +74,11 @@ def test_multiple_choice_equals_transformers(chat_hf_dir, chat_export, hf, tmp_p
     assert metrics["acc"]["ci95"] == pytest.approx(list(wilson_interval(acc, len(MC_ROWS))))
     assert json.loads((tmp_path / "out" / "r.json").read_text())["items"] == results["items"]
 
-    # One sequence per batch, and the HF directory itself: the same scores.
+    # One sequence per batch, and the HF directory itself: the same scores (sums of ~40 nats, whose last bits
+    # follow the batch's matmul shapes on some CPUs).
     alone = run_eval_lm(chat_hf_dir, EvalLMConfig(data=data, batch_size=1))
     for a, b in zip(alone["items"], results["items"]):
-        assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5, rel=0)
+        assert a["logprobs"] == pytest.approx(b["logprobs"], abs=5e-5, rel=0)
 
 
 @pytest.mark.slow

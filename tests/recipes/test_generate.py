@@ -153,3 +153,17 @@ def test_a_template_that_never_ends_fails_in_bounded_time(plain_hf_dir, tmp_path
     code, out, err = run_cli(capsys, "generate", str(looping), "--chat", "--prompt", "hi")
     assert code == 2 and out == "" and time.monotonic() - start < 30
     assert err.startswith("error: ") and "ran past its limit" in err and len(err.strip().splitlines()) == 1
+
+
+def test_generation_stops_where_the_context_ends(plain_hf_dir):
+    from longboat.config.base import ConfigError
+    from longboat.recipes.generate import complete
+
+    loaded = load_for_inference(plain_hf_dir)
+    loaded.stop_ids = frozenset()  # nothing ends the text but the context
+    max_len = loaded.model.cfg.max_seq_len
+    ids = loaded.tokenizer.encode("the sea " * max_len)[: max_len - 3]
+    text, _ = complete(loaded, ids, max_new_tokens=10_000, temperature=0)
+    assert len(loaded.tokenizer.encode(text)) <= 3 and text
+    with pytest.raises(ConfigError, match=rf"the prompt \({max_len} tokens\) leaves no room in the model's context"):
+        complete(loaded, ids + [ids[0]] * 3, max_new_tokens=1, temperature=0)

@@ -57,8 +57,9 @@ def _check(args: argparse.Namespace) -> int:
     checked = preflight(resolved, world)
     d = checked.dims
     pp = f"pp {d.pp} × " if d.pp > 1 else ""
+    cp = f"cp {d.cp} × " if d.cp > 1 else ""
     print(f"ok: task {resolved.cfg.task} · model {resolved.arch} · {world} rank(s): {pp}dp_replicate {d.dp_replicate} × "
-          f"dp_shard {d.dp_shard} × tp {d.tp}"
+          f"dp_shard {d.dp_shard} × {cp}tp {d.tp}"
           + (f" · resumes from {checked.resume_from}" if checked.resume_from else " · starts fresh")
           + (f" · exports HF {checked.hf_family}" if checked.hf_family else ""))
     return 0
@@ -251,12 +252,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from longboat.models import get_model, model_names
+    from longboat.utils.logging import printable
 
     for arch in model_names():
         spec = get_model(arch)
         for name in spec.preset_names():
-            cfg = spec.config(**spec.load_preset(name))
+            try:
+                cfg = spec.config(**spec.load_preset(name))
+            except ValidationError as exc:  # a preset built on inputs made first (e.g. a converted backbone)
+                print(f"{name:16s} {arch:10s} (needs {printable(exc.errors()[0]['msg'].removeprefix('Value error, '))})")
+                continue
             describe = getattr(cfg, "describe", None)
             print(f"{name:16s} {arch:10s} {describe() if describe else ''}".rstrip())
     return 0
@@ -466,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LongboatError as e:
-        error(str(e))
+        if not getattr(e, "quiet", False):
+            error(str(e))
         return e.exit_code
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into utils.interrupt.Interrupted
         error("interrupted")

@@ -211,9 +211,10 @@ def complete(
         prompt = expand_prompt(loaded, ids, read_images(loaded, images))
         ids, inputs = prompt.ids, prompt.inputs
     max_len = loaded.model.cfg.max_seq_len
-    if len(ids) + max_new_tokens > max_len:
-        raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                          f"max_seq_len {max_len}")
+    if len(ids) >= max_len:
+        raise ConfigError(f"the prompt ({len(ids)} tokens) leaves no room in the model's context (max_seq_len "
+                          f"{max_len})")
+    max_new_tokens = min(max_new_tokens, max_len - len(ids))  # stop where the context ends, as chat does
     device = next(loaded.model.parameters()).device
     prompt_t = torch.tensor([ids], dtype=torch.long, device=device)
     gen = torch.Generator().manual_seed(seed)

@@ -21,6 +21,7 @@ from longboat.distributed import ParallelMesh, Runtime, build_mesh, init_runtime
 from longboat.distributed.full_state import full_model_state
 from longboat.distributed.parallelize import parallelize
 from longboat.distributed.rank0_weights import load_from_rank0
+from longboat.errors import StoppedByPeer
 from longboat.models.policy import read_lerobot
 from longboat.recipes.artifact import export_metadata
 from longboat.recipes.config import ResolvedRun
@@ -42,12 +43,34 @@ def export_dir(run_dir: str | Path) -> Path:
 
 @contextlib.contextmanager
 def _local_rank_zero_first(runtime: Runtime):
-    """Let one process per node build shared caches (dataset indices) before the others read them."""
-    if runtime.distributed and runtime.local_rank != 0:
-        dist.barrier()
-    yield
-    if runtime.distributed and runtime.local_rank == 0:
-        dist.barrier()
+    """Let one process per node build shared caches (dataset indices) before the others read them.
+
+    The builders' verdict travels to every rank: when a builder fails (bad data, say), the ranks that waited stop
+    quietly with ``StoppedByPeer`` instead of a collective's traceback, and the builder's one-line error is the job's.
+    """
+    if not runtime.distributed:
+        yield
+        return
+    if runtime.local_rank != 0:
+        if _verdict(runtime, failed=False):
+            raise StoppedByPeer("a rank building the shared data failed")
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # the others may be gone already
+            _verdict(runtime, failed=True)
+        raise
+    if _verdict(runtime, failed=False):
+        raise StoppedByPeer("another node's rank building the shared data failed")
+
+
+def _verdict(runtime: Runtime, failed: bool) -> bool:
+    """Whether any rank failed: one all-reduce of a flag, the barrier the builders and the waiting ranks meet at."""
+    flag = torch.tensor([float(failed)], device=runtime.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def run(resolved: ResolvedRun) -> FitResult:

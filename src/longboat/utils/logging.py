@@ -16,7 +16,15 @@ console = Console(stderr=False, highlight=False, soft_wrap=True, quiet=rank() !=
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def printable(text: str) -> str:
+    """``text`` on one line: control characters (a newline in a quoted path, say) written as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def error(msg: str) -> None:
     prefix = f"[rank {rank()}] " if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 else ""
-    # Escaped: "[rank 1]" and values such as "data.paths=[a]" would otherwise be read as markup and vanish.
-    err_console.print(f"[bold red]error:[/] {escape(prefix + msg)}", markup=True)
+    # One line whatever the message quotes; escaped for rich: "[rank 1]" and values such as "data.paths=[a]"
+    # would otherwise be read as markup and vanish.
+    err_console.print(f"[bold red]error:[/] {escape(printable(prefix + msg))}", markup=True)
