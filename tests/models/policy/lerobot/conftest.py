@@ -13,7 +13,7 @@ import torch
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
-from lerobot_policy_weights import noise, observation, write_weights  # noqa: E402
+from lerobot_policy_weights import noise, observation, write_weights  # noqa: E402, F401  (noise: for the tests)
 
 TYPES = ("act", "act_prenorm", "diffusion", "diffusion_ddpm")
 SMOLVLA_TYPES = ("smolvla", "smolvla_self", "smolvla_sparse")
