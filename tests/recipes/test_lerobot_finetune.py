@@ -83,3 +83,19 @@ def test_imported_diffusion_fine_tunes_on_lerobots_action_window(tmp_path):
     train.run(resolved)
     valid = read_metrics(tmp_path / "run", "valid")
     assert valid and valid[-1]["action_mae"] > 0
+
+
+@pytest.mark.slow  # a short run of a tiny SmolVLA (about 5 s)
+def test_imported_smolvla_fine_tunes_its_expert_with_the_prompt(tmp_path):
+    source = tmp_path / "lerobot_smolvla"
+    shutil.copytree(FIXTURES / "lerobot_policies" / "smolvla", source)
+    write_weights(source)
+    imported = load_file(lerobot_to_longboat(source, tmp_path / "imported") / "model.safetensors")
+    train.run(resolve(_config(tmp_path / "run", source, steps=2)))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["arch"] == "smolvla" and saved["model"]["prompt_suffix"] == "\n"
+    tuned = load_file(tmp_path / "run" / "export" / "model.safetensors")
+    assert not torch.equal(tuned["action_out.weight"], imported["action_out.weight"])  # the expert trains
+    assert torch.equal(tuned["vlm.projector.proj.weight"], imported["vlm.projector.proj.weight"])  # frozen
+    spec = yaml.safe_load((tmp_path / "run" / "export" / "policy.json").read_text())
+    assert spec["prompt"] == {"max_prompt_len": 12, "suffix": "\n"}

@@ -69,7 +69,10 @@ def test_convert_both_ways_keeps_every_byte(lerobot_dirs, tmp_path):
     for name in ("config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
         assert json.loads((tmp_path / "back" / name).read_text()) == json.loads((source / name).read_text()), name
     shutil.copytree(source / "vlm", tmp_path / "back" / "vlm")  # vlm_model_name names it, as in the original
-    assert read_lerobot(tmp_path / "back").model_config == read_lerobot(source).model_config
+    back_config, config = read_lerobot(tmp_path / "back").model_config, read_lerobot(source).model_config
+    assert back_config.pop("tokenizer") == str((tmp_path / "back" / "vlm").resolve())  # the directory beside it
+    assert config.pop("tokenizer") == str((source / "vlm").resolve())
+    assert back_config == config
 
 
 def _copy(lerobot_dirs, tmp_path, name="smolvla"):

@@ -99,7 +99,8 @@ def config_in(config: dict, source: str) -> dict:
     actions = [k for k, f in outputs.items() if f["type"] == "ACTION"]
     if len(actions) != 1:
         raise _refuse(source, "output_features", f"must hold one ACTION feature, got {actions}")
-    vlm = _vlm_config(vlm_dir(config, source), int(config.get("num_vlm_layers", 16)), source)
+    directory = vlm_dir(config, source)
+    vlm = _vlm_config(directory, int(config.get("num_vlm_layers", 16)), source)
     layers = vlm["language"]["n_layers"]
     width = int(vlm["language"]["d_model"] * float(config.get("expert_width_multiplier", 0.75)))
     n_expert = int(config.get("num_expert_layers", -1))
@@ -115,7 +116,8 @@ def config_in(config: dict, source: str) -> dict:
                    "self_attn_every": max(0, int(config.get("self_attn_every_n_layers", 2)))},
         "resize_pad": [int(resize[1]), int(resize[0])] if resize is not None else None,
         "max_state_dim": int(config.get("max_state_dim", 32)), "max_action_dim": int(config.get("max_action_dim", 32)),
-        "max_prompt_len": int(config.get("tokenizer_max_length", 48)), "num_steps": int(config.get("num_steps", 10)),
+        "max_prompt_len": int(config.get("tokenizer_max_length", 48)), "tokenizer": str(directory.resolve()),
+        "prompt_suffix": "\n" if _newline(Path(source).parent) else "", "num_steps": int(config.get("num_steps", 10)),
         "min_period": float(config.get("min_period", 4e-3)), "max_period": float(config.get("max_period", 4.0)),
     }
     from longboat.models.policy.smolvla import SmolVLAConfig
@@ -129,6 +131,15 @@ def config_in(config: dict, source: str) -> dict:
             message = message.replace(ours, theirs)
         raise LeRobotError(f"{source}: {message}") from None
     return out
+
+
+def _newline(directory: Path) -> bool:
+    """Whether the preprocessor beside config.json ends prompts with a newline (SmolVLA's own step)."""
+    try:
+        steps = json.loads((directory / "policy_preprocessor.json").read_text()).get("steps") or []
+    except (OSError, ValueError, AttributeError):
+        return True  # the preprocessor's own reading names what is wrong with it
+    return any(isinstance(s, dict) and s.get("registry_name") == "smolvla_new_line_processor" for s in steps)
 
 
 def prompt(config: dict, preprocessor: dict, source: str) -> tuple[dict, dict[str, bytes]]:

@@ -41,6 +41,9 @@ class SmolVLAConfig(PolicyConfig):
     max_state_dim: int = Field(default=32, gt=0)
     max_action_dim: int = Field(default=32, gt=0)
     max_prompt_len: int = Field(default=48, gt=0, description="prompt tokens per sample (right-padded)")
+    tokenizer: str | None = Field(default=None, description="the backbone's tokenizer directory, for training's "
+                                  "prompts (a served import carries its tokenizer files)")
+    prompt_suffix: str = Field(default="\n", description="appended to a prompt lacking it (LeRobot's newline)")
     num_steps: int = Field(default=10, gt=0, description="Euler steps from noise (t=1) to actions (t=0)")
     min_period: float = Field(default=4e-3, gt=0)
     max_period: float = Field(default=4.0, gt=0)
