@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 
 from longboat.recipes import train
 from longboat.recipes.config import resolve
-from longboat.recipes.convert import lerobot_to_longboat
+from longboat.models.policy.lerobot import read_lerobot
+from longboat.models.policy.smolvla import SmolVLAConfig
+from longboat.recipes.convert import lerobot_to_longboat, longboat_to_lerobot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -99,3 +101,8 @@ def test_imported_smolvla_fine_tunes_its_expert_with_the_prompt(tmp_path):
     assert torch.equal(tuned["vlm.projector.proj.weight"], imported["vlm.projector.proj.weight"])  # frozen
     spec = yaml.safe_load((tmp_path / "run" / "export" / "policy.json").read_text())
     assert spec["prompt"] == {"max_prompt_len": 12, "suffix": "\n"}
+    # Written in LeRobot's layout (vlm_model_name: the backbone's directory), it reads back as trained.
+    longboat_to_lerobot(tmp_path / "run", tmp_path / "lerobot")
+    back = read_lerobot(tmp_path / "lerobot")
+    assert SmolVLAConfig(**back.model_config) == SmolVLAConfig(**{k: v for k, v in saved["model"].items() if k != "arch"})
+    assert all(torch.equal(back.state_dict[k], tuned[k]) for k in tuned)

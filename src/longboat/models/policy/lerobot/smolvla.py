@@ -207,10 +207,41 @@ def weights_out(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
 
 
 def config_out(cfg: dict, base: dict) -> dict:
-    if base.get("type") != "smolvla":
-        raise LeRobotError("model: longboat writes a SmolVLA in LeRobot's layout only when it was imported from "
-                           "one (its vlm_model_name and settings come from the original config.json)")
-    return dict(base)
+    """LeRobot's config.json keys for our SmolVLA config ``cfg`` over ``base`` (the original's other keys);
+    ``vlm_model_name`` is the original's, else the backbone's directory (``tokenizer``)."""
+    from longboat.models.policy.smolvla import SmolVLAConfig
+
+    c = SmolVLAConfig(**cfg)
+    d, e = c.vlm.language.d_model, c.expert
+    multiplier = e.d_model / d
+    if int(d * multiplier) != e.d_model or e.ffn_dim != expert_ffn(e.d_model) or c.vlm.language.rope_theta != 10000:
+        raise LeRobotError(f"model: LeRobot's SmolVLA builds an expert of width int(d_model x multiplier) with MLP "
+                           f"width {expert_ffn(e.d_model)} and a rotary base of 10000 (got expert.d_model "
+                           f"{e.d_model}, expert.ffn_dim {e.ffn_dim}, rope_theta {c.vlm.language.rope_theta})")
+    name = base.get("vlm_model_name") if base.get("type") == "smolvla" else c.tokenizer
+    if name is None:
+        raise LeRobotError("model.tokenizer: LeRobot's SmolVLA names its backbone's directory (vlm_model_name); "
+                           "set tokenizer to it")
+    inputs = {k: {"type": "VISUAL", "shape": list(v)} for k, v in c.image_features.items()}
+    inputs[_STATE] = {"type": "STATE", "shape": [c.state_dim]}
+    resize = c.resize_pad
+    layers = c.vlm.language.n_layers
+    kept = base.get("expert_width_multiplier", multiplier)  # the original's spelling where it gives the same width
+    out = dict(base)
+    out.update({
+        "type": "smolvla", "n_obs_steps": 1, "input_features": inputs,
+        "output_features": {c.action_feature: {"type": "ACTION", "shape": [c.action_dim]}},
+        "chunk_size": c.horizon, "max_state_dim": c.max_state_dim, "max_action_dim": c.max_action_dim,
+        "resize_imgs_with_padding": [resize[1], resize[0]] if resize is not None else None,
+        "tokenizer_max_length": c.max_prompt_len, "num_steps": c.num_steps, "vlm_model_name": name,
+        "attention_mode": "cross_attn" if e.attention == "cross" else "self_attn",
+        "num_expert_layers": e.n_layers if e.n_layers != layers else base.get("num_expert_layers", -1),
+        "num_vlm_layers": layers, "self_attn_every_n_layers": e.self_attn_every,
+        "expert_width_multiplier": kept if int(d * kept) == e.d_model else multiplier,
+        "min_period": c.min_period, "max_period": c.max_period,
+    })
+    out.setdefault("n_action_steps", c.horizon)
+    return out
 
 
 SMOLVLA_CONVERTER = register_converter(Converter("smolvla", "smolvla", config_in, config_out, weights_in, weights_out,
