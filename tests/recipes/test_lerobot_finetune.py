@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 
 from longboat.recipes import train
 from longboat.recipes.config import resolve
-from longboat.recipes.convert import lerobot_to_longboat
+from longboat.models.policy.lerobot import read_lerobot
+from longboat.models.policy.smolvla import SmolVLAConfig
+from longboat.recipes.convert import lerobot_to_longboat, longboat_to_lerobot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -83,3 +85,25 @@ def test_imported_diffusion_fine_tunes_on_lerobots_action_window(tmp_path):
     train.run(resolved)
     valid = read_metrics(tmp_path / "run", "valid")
     assert valid and valid[-1]["action_mae"] > 0
+
+
+@pytest.mark.slow  # a short run of a tiny SmolVLA (about 5 s)
+def test_imported_smolvla_fine_tunes_its_expert_with_the_prompt(tmp_path):
+    source = tmp_path / "lerobot_smolvla"
+    shutil.copytree(FIXTURES / "lerobot_policies" / "smolvla", source)
+    write_weights(source)
+    imported = load_file(lerobot_to_longboat(source, tmp_path / "imported") / "model.safetensors")
+    train.run(resolve(_config(tmp_path / "run", source, steps=2)))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["arch"] == "smolvla" and saved["model"]["prompt_suffix"] == "\n"
+    tuned = load_file(tmp_path / "run" / "export" / "model.safetensors")
+    assert not torch.equal(tuned["action_out.weight"], imported["action_out.weight"])  # the expert trains
+    assert torch.equal(tuned["vlm.projector.proj.weight"], imported["vlm.projector.proj.weight"])  # frozen
+    spec = yaml.safe_load((tmp_path / "run" / "export" / "policy.json").read_text())
+    assert spec["prompt"] == {"max_prompt_len": 12, "suffix": "\n"}
+    # Written in LeRobot's layout (vlm_model_name: the backbone's directory), it reads back as trained.
+    longboat_to_lerobot(tmp_path / "run", tmp_path / "lerobot")
+    back = read_lerobot(tmp_path / "lerobot")
+    trained = {k: v for k, v in saved["model"].items() if k != "arch"}
+    assert SmolVLAConfig(**back.model_config) == SmolVLAConfig(**trained)
+    assert all(torch.equal(back.state_dict[k], tuned[k]) for k in tuned)

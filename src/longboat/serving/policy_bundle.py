@@ -94,7 +94,7 @@ def open_policy(artifact) -> PolicyBundle:
                                     f"{artifact.source}/{TRANSFORMS_CONFIG}")
     prompts = None
     if spec.get("prompt") is not None:
-        prompts = PromptTokens(_tokenizer(artifact), spec["prompt"]["max_prompt_len"])
+        prompts = PromptTokens(_tokenizer(artifact), spec["prompt"]["max_prompt_len"], spec["prompt"].get("suffix", ""))
     return PolicyBundle(artifact.model, artifact.config, pipeline, spec, prompts, artifact.source)
 
 

@@ -222,7 +222,7 @@ class PolicyTask(Task):
             # An id past the embedding table would fail only when a prompt first uses it, mid-training.
             raise ConfigError(f"model.tokenizer: {tokenizer} has {tok.vocab_size} tokens, more than "
                               f"model.backbone.vocab_size={backbone.vocab_size}")
-        return PromptTokens(tok, length)
+        return PromptTokens(tok, length, getattr(model_cfg, "prompt_suffix", ""))
 
     # ---- data and loss -----------------------------------------------------------------------------------------
     def transforms_on_device(self, train_cfg) -> bool:
@@ -297,10 +297,16 @@ class PolicyTask(Task):
             "output_features": {cfg.action_feature: action},
             "wire_keys": self.data.wire_keys or {key: key for key in inputs},
             "tasks": list(meta.tasks),
-            "prompt": ({"max_prompt_len": self._prompt_tokens(cfg).length}
-                       if getattr(cfg, "tokenizer", None) is not None else None),
+            "prompt": self._prompt_spec(cfg),
         }
         return (json.dumps(spec, indent=2) + "\n").encode()
+
+    def _prompt_spec(self, cfg: PolicyConfig) -> dict | None:
+        """policy.json's prompt: its length, and the suffix prompts get (SmolVLA's newline) where there is one."""
+        if getattr(cfg, "tokenizer", None) is None:
+            return None
+        suffix = getattr(cfg, "prompt_suffix", "")
+        return {"max_prompt_len": self._prompt_tokens(cfg).length, **({"suffix": suffix} if suffix else {})}
 
     # ---- checkpoints and exports -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

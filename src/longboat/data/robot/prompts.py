@@ -9,10 +9,12 @@ from longboat.data.tokenizer import Tokenizer
 
 
 class PromptTokens:
-    """Task strings -> right-padded token ids [L] and a mask [L] of the real tokens (truncated to L)."""
+    """Task strings (with ``suffix`` appended where they lack it, as SmolVLA's newline) -> right-padded token ids [L]
+    and a mask [L] of the real tokens (truncated to L)."""
 
-    def __init__(self, tokenizer: Tokenizer, length: int):
+    def __init__(self, tokenizer: Tokenizer, length: int, suffix: str = ""):
         self.tokenizer = tokenizer
+        self.suffix = suffix
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id
         self.pad_id = pad if pad is not None else 0
         self.length = length
@@ -20,7 +22,8 @@ class PromptTokens:
 
     def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         if text not in self._cache:
-            ids = self.tokenizer.encode(text)[: self.length]
+            full = text if text.endswith(self.suffix) else text + self.suffix
+            ids = self.tokenizer.encode(full)[: self.length]
             tokens = torch.full((self.length,), self.pad_id, dtype=torch.int64)
             tokens[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
             mask = torch.zeros(self.length, dtype=torch.bool)

@@ -40,6 +40,7 @@ class FeatureInfo(_Open):
 
 class PromptInfo(_Open):
     max_prompt_len: int = Field(gt=0)
+    suffix: str = ""  # appended to a prompt lacking it before tokenising (SmolVLA's newline)
 
 
 class PolicyManifest(_Open):

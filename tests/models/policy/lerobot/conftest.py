@@ -13,16 +13,17 @@ import torch
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
-from lerobot_policy_weights import noise, observation, write_weights  # noqa: E402
+from lerobot_policy_weights import noise, observation, write_weights  # noqa: E402, F401  (noise: for the tests)
 
 TYPES = ("act", "act_prenorm", "diffusion", "diffusion_ddpm", "diffusion_crop")
+SMOLVLA_TYPES = ("smolvla", "smolvla_self", "smolvla_sparse")
 
 
 @pytest.fixture(scope="session")
 def lerobot_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lerobot_policies")
     out = {}
-    for name in TYPES:
+    for name in TYPES + SMOLVLA_TYPES:
         target = root / name
         shutil.copytree(FIXTURES / "lerobot_policies" / name, target)
         write_weights(target)

@@ -1,6 +1,7 @@
-"""LeRobot policy directories in and out: importing this package registers the converters (act, diffusion)."""
+"""LeRobot policy directories in and out: importing this package registers the converters (act, diffusion,
+smolvla)."""
 
-from longboat.models.policy.lerobot import act, diffusion  # noqa: F401  (register "act", "diffusion")
+from longboat.models.policy.lerobot import act, diffusion, smolvla  # noqa: F401  (register each type)
 from longboat.models.policy.lerobot.common import (ORIGINAL_CONFIG, LeRobotPolicy, is_lerobot_dir,
                                                    lerobot_manifest, lerobot_source, read_lerobot)
 from longboat.models.policy.lerobot.registry import CONVERTERS, LeRobotError, converter_for_arch

@@ -38,6 +38,7 @@ ORIGINAL_CONFIG = "lerobot_config.json"  # the asset keeping LeRobot's config.js
 MODES = {"MEAN_STD": "mean_std", "MIN_MAX": "min_max", "QUANTILES": "quantiles", "IDENTITY": "identity"}
 MODE_STATS = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantiles": ("q01", "q99"), "identity": ()}
 PASSIVE_STEPS = {"to_batch_processor", "device_processor"}  # change no value the model reads
+PROMPT_STEPS = {"tokenizer_processor", "smolvla_new_line_processor"}  # read by a converter's ``prompt``
 
 
 @dataclass
@@ -86,14 +87,16 @@ def _features(config: dict, key: str, source: str) -> dict[str, dict]:
     return features
 
 
-def _normalizer(directory: Path, pipeline: dict, source: str, kind: str) -> tuple[dict[str, str], dict, float]:
-    """(feature -> our mode, feature -> stat -> tensor, eps) of the pipeline's one (un)normaliser step."""
+def _normalizer(directory: Path, pipeline: dict, source: str, kind: str, prompts: bool = False
+                ) -> tuple[dict[str, str], dict, float]:
+    """(feature -> our mode, feature -> stat -> tensor, eps) of the pipeline's one (un)normaliser step; with
+    ``prompts``, the prompt's steps pass (the converter reads them)."""
     found = None
     for i, step in enumerate(pipeline.get("steps") or []):
         name = step.get("registry_name") if isinstance(step, dict) else None
         if name == kind:
             found = step
-        elif name == "rename_observations_processor":
+        elif name == "rename_observations_processor" or (prompts and name in PROMPT_STEPS):
             continue
         elif name not in PASSIVE_STEPS:
             raise LeRobotError(f"{source}: steps[{i}] '{name}' is a processor step longboat cannot represent "
@@ -184,7 +187,10 @@ def _read_description(directory: Path):
     outputs = _features(config, "output_features", str(config_path))
     model_config = converter.config_in(config, str(config_path))
 
-    in_modes, in_stats, eps = _normalizer(directory, pre, str(directory / PREPROCESSOR), "normalizer_processor")
+    in_modes, in_stats, eps = _normalizer(directory, pre, str(directory / PREPROCESSOR), "normalizer_processor",
+                                          prompts=converter.prompt is not None)
+    prompt, prompt_assets = (None, {}) if converter.prompt is None else converter.prompt(
+        config, pre, str(directory / PREPROCESSOR))
     out_modes, out_stats, out_eps = _normalizer(directory, post, str(directory / POSTPROCESSOR),
                                                 "unnormalizer_processor")
     modes, stats = {}, {}
@@ -223,11 +229,11 @@ def _read_description(directory: Path):
                             for k, v in outputs.items()},
         "wire_keys": wire_keys,
         "tasks": [],
-        "prompt": None,
+        "prompt": prompt,
         "n_action_steps": config.get("n_action_steps"),
         "temporal_ensemble_coeff": config.get("temporal_ensemble_coeff"),
         "lerobot_type": converter.lerobot_type,
     }
-    assets = {**pipeline_assets(pipeline), POLICY_SPEC: (json.dumps(spec, indent=2) + "\n").encode(),
+    assets = {**pipeline_assets(pipeline), **prompt_assets, POLICY_SPEC: (json.dumps(spec, indent=2) + "\n").encode(),
               ORIGINAL_CONFIG: config_path.read_bytes()}
     return converter, model_config, assets

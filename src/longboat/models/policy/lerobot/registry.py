@@ -22,7 +22,9 @@ class Converter:
     ``config_in(lerobot_config, source)`` -> our model config (a dict; refuses what it cannot represent, naming the
     key); ``config_out(our_config, base)`` -> LeRobot's config.json keys, updating ``base`` (the original
     config.json when the policy came from LeRobot); ``weights_in`` / ``weights_out`` rename (and split or join)
-    tensors without changing a byte of them."""
+    tensors without changing a byte of them. ``prompt(lerobot_config, preprocessor, source)`` -> (``policy.json``'s
+    prompt, the tokenizer's files as assets), for the types that read a task prompt (their preprocessor's
+    tokenizer and prompt steps are then read, not refused)."""
 
     lerobot_type: str
     arch: str
@@ -34,6 +36,7 @@ class Converter:
     transforms_in: Callable[[dict], list[dict]] = lambda config: []
     #: config.json keys for the transforms an export lists after its normalisation (refusing what has no key)
     transforms_out: Callable[[list[dict], str], dict] | None = None
+    prompt: Callable[[dict, dict, str], tuple[dict, dict[str, bytes]]] | None = None
 
 
 CONVERTERS: Registry = Registry("LeRobot policy type")

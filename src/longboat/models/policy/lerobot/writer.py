@@ -21,7 +21,6 @@ from longboat.models.policy.lerobot.registry import LeRobotError, converter_for_
 from longboat.models.policy.manifest import POLICY_SPEC, read_policy_manifest
 
 _LEROBOT_MODE = {ours: theirs for theirs, ours in MODES.items()}
-_PRE_STATS = "policy_preprocessor_step_3_normalizer_processor.safetensors"
 _POST_STATS = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
 
 
@@ -81,6 +80,18 @@ def _stats_file(stats: dict[str, dict[str, torch.Tensor]], keys, modes: dict[str
     return save(flat)
 
 
+def _prompt_steps(prompt: dict | None, config: dict) -> list[dict]:
+    """A prompt-reading policy's steps (SmolVLA's): the newline its prompts end with, then its tokenizer, the
+    backbone's (``vlm_model_name``), right-padded as ``pad_language_to`` says, truncated to ``max_prompt_len``."""
+    if prompt is None:
+        return []
+    newline = [{"registry_name": "smolvla_new_line_processor", "config": {}}] if prompt.get("suffix") == "\n" else []
+    padding = config.get("pad_language_to", "longest")
+    return [*newline, {"registry_name": "tokenizer_processor", "config": {
+        "max_length": prompt["max_prompt_len"], "task_key": "task", "padding_side": "right", "padding": padding,
+        "truncation": True, "tokenizer_name": config.get("vlm_model_name")}}]
+
+
 def write_lerobot(out_dir: Path, arch: str, model_config: dict, state_dict: dict[str, torch.Tensor],
                   assets: dict[str, Path | bytes], source: str) -> None:
     """Write the LeRobot directory of a policy into ``out_dir`` (an empty directory the caller provides)."""
@@ -105,11 +116,12 @@ def write_lerobot(out_dir: Path, arch: str, model_config: dict, state_dict: dict
             raise LeRobotError(f"{source}/{TRANSFORMS_STATS}: no {missing} statistics of '{key}'")
     outputs = config["output_features"]
     rename = {wire: feature for wire, feature in spec["wire_keys"].items() if wire != feature}
-    pre = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": rename}},
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
-        _step("normalizer_processor", features, norm_map, eps, _PRE_STATS)]}
+    steps = [{"registry_name": "rename_observations_processor", "config": {"rename_map": rename}},
+             {"registry_name": "to_batch_processor", "config": {}}, *_prompt_steps(spec.get("prompt"), config),
+             {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
+    pre_stats = f"policy_preprocessor_step_{len(steps)}_normalizer_processor.safetensors"
+    pre = {"name": "policy_preprocessor",
+           "steps": [*steps, _step("normalizer_processor", features, norm_map, eps, pre_stats)]}
     post = {"name": "policy_postprocessor", "steps": [
         _step("unnormalizer_processor", outputs, norm_map, eps, _POST_STATS),
         {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
@@ -119,5 +131,5 @@ def write_lerobot(out_dir: Path, arch: str, model_config: dict, state_dict: dict
               str(out_dir / WEIGHTS), metadata={"format": "pt"})
     (out_dir / PREPROCESSOR).write_text(json.dumps(pre, indent=2) + "\n")
     (out_dir / POSTPROCESSOR).write_text(json.dumps(post, indent=2) + "\n")
-    (out_dir / _PRE_STATS).write_bytes(_stats_file(stats, features, modes))
+    (out_dir / pre_stats).write_bytes(_stats_file(stats, features, modes))
     (out_dir / _POST_STATS).write_bytes(_stats_file(stats, outputs, modes))
