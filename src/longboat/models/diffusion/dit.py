@@ -108,7 +108,8 @@ class DiTConfig(StrictModel):
         patch = self.patch_size ** 2
         block = n * (2 * h * 3 * h + 2 * h * h + 4 * h * m) + 4 * n * n * h + 2 * h * 6 * h
         forward = (self.depth * block + 2 * n * self.in_channels * patch * h + 2 * n * h * patch * self.out_channels
-                   + 2 * h * 2 * h + 2 * (self.frequency_embedding_size * h + h * h))
+                   + 2 * h * 2 * h + 2 * (self.frequency_embedding_size * h + h * h)
+                   + (2 * (self.text_dim * h + h * h) if self.text_dim else 0))
         return 3.0 * forward
 
 
