@@ -83,3 +83,29 @@ def test_a_missing_export_or_tokenizer_is_one_line(tmp_path):
         TextEncoder(TextEncoderConfig(path=str(tmp_path)))
     with pytest.raises(ConfigError, match="data.text_encoder.tokenizer: .*not found"):
         make(tokenizer=str(tmp_path / "none")).encode(["x"])
+
+
+def test_a_hugging_face_decoder_encodes_as_transformers_hidden_states(tmp_path):
+    import shutil
+
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    for file in TOKENIZER.iterdir():
+        shutil.copy(file, tmp_path / "hf" / file.name)
+    last = TextEncoder(TextEncoderConfig(path=str(tmp_path / "hf")))
+    inner = TextEncoder(TextEncoderConfig(path=str(tmp_path / "hf"), layer=0, normalize=False))
+    assert last.hidden_size == 32
+    text, mask = last.encode(CAPTIONS)
+    text0, _ = inner.encode(CAPTIONS)
+    for i, ids in enumerate(last.token_ids(CAPTIONS)):
+        with torch.no_grad():
+            states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        n = int(mask[i].sum())
+        assert n == len(ids)
+        torch.testing.assert_close(text[i, :n], states[-1][0], rtol=1e-4, atol=1e-5)  # after the final norm
+        torch.testing.assert_close(text0[i, :n], states[1][0], rtol=1e-4, atol=1e-5)  # block 0's output
