@@ -137,11 +137,16 @@ def text_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("text")
     cfg = config(root, steps=4)
-    cfg["train"]["ema"] = {"decay": 0.5}
-    train.run(resolve(cfg))
+    cfg["train"].update(ema={"decay": 0.5}, threads=1)  # tiny: one thread (the one_thread fixture is per test)
+    threads = torch.get_num_threads()
+    try:
+        train.run(resolve(cfg))
+    finally:
+        torch.set_num_threads(threads)
     return Path(cfg["run_dir"])
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_a_prompt_image_is_a_function_of_its_own_seed_and_follows_its_prompt(text_run):
     gen = open_generator(text_run)
     (text, mask), null = text_condition(gen, ["a red circle", "a blue square on black"])
@@ -157,6 +162,7 @@ def test_a_prompt_image_is_a_function_of_its_own_seed_and_follows_its_prompt(tex
     assert not torch.allclose(other[0], together[0], atol=1e-4)  # same seed, the other prompt
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_the_command_draws_each_prompt(text_run, tmp_path, capsys):
     out = tmp_path / "o"
     assert main(["sample", str(text_run), "--prompt", "a red circle", "--prompt", "a green triangle", "--num", "2",
@@ -167,6 +173,7 @@ def test_the_command_draws_each_prompt(text_run, tmp_path, capsys):
     assert json.loads((out / "prompts.json").read_text()) == ["a red circle", "a green triangle"]
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("which, args, message", [
     ("flow", ["--prompt", "a 3"], "--prompt: {run}/export is class-conditional; draw it with --class"),
     ("text", ["--class", "1"], "--class: {run}/export is conditioned on text; draw it with --prompt"),
@@ -179,6 +186,7 @@ def test_a_flag_for_the_other_kind_of_model_is_one_line(flow_run, text_run, tmp_
     assert err.count("\n") == 1 and message.format(run=run) in err, err
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_a_changed_text_encoder_is_refused(text_run, tmp_path, capsys):
     import shutil
 

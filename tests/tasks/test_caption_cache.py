@@ -12,6 +12,7 @@ from longboat.tasks.text_encoder import TextEncoder, TextEncoderConfig
 from tests.tasks.test_text_encoder import encoder_config
 
 CAPTIONS = ["a red circle", "a blue square", "a red circle"]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(**changes) -> TextEncoder:

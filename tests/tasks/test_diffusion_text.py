@@ -20,6 +20,7 @@ from tests.tasks.test_text_encoder import encoder_config
 
 WAN = {"arch": "wan", "patch_size": [1, 4, 4], "hidden_size": 48, "num_heads": 2, "depth": 2, "ffn_dim": 96,
        "freq_dim": 32}
+pytestmark = pytest.mark.usefixtures("one_thread")
 DIT = {"arch": "dit", "patch_size": 4, "hidden_size": 32, "depth": 2, "num_heads": 2, "num_classes": 0,
        "frequency_embedding_size": 32}
 

@@ -16,6 +16,7 @@ TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "sft" / "tokenize
 DECODER = {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64,
            "max_seq_len": 64}
 CAPTIONS = ["a red circle", "a blue square", "", "a yellow triangle on black, small"]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def encoder_config(**changes) -> dict:
