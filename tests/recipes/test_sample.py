@@ -198,3 +198,10 @@ def test_a_changed_text_encoder_is_refused(text_run, tmp_path, capsys):
     assert main(["sample", str(export), "--prompt", "a red circle", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "differ from those the model was trained with" in err, err
+
+
+def test_a_colour_grid_is_white_between_cells():
+    from longboat.recipes.sample import grid
+
+    sheet = grid(torch.zeros(2, 3, 4, 4), rows=1)
+    assert sheet.getpixel((0, 0)) == (255, 255, 255) and sheet.getpixel((5, 5)) == (128, 128, 128)

@@ -172,7 +172,7 @@ def grid(images: torch.Tensor, rows: int) -> Image.Image:
     scale = max(1, math.ceil(GRID_CELL / max(h, w)))
     pad = 2
     sheet = Image.new("L" if c == 1 else "RGB", (cols * (w * scale + pad) + pad, rows * (h * scale + pad) + pad),
-                      255)
+                      255 if c == 1 else (255, 255, 255))  # white between cells (255 alone is red in RGB)
     for i in range(n):
         cell = to_pil(images[i]).resize((w * scale, h * scale), Image.Resampling.NEAREST)
         r, k = divmod(i, cols)
