@@ -1,5 +1,5 @@
-"""The text encoder: a registry decoder's hidden states per caption, each caption's independent of its batch's padding, from
-random weights or an export alike, and a fingerprint that follows the weights and the settings."""
+"""The text encoder: a registry decoder's hidden states per caption (transformers' own for a Hugging Face directory),
+independent of padding, from random weights or an export alike, and a fingerprint that follows weights and settings."""
 
 from __future__ import annotations
 

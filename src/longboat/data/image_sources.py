@@ -1,5 +1,6 @@
-"""Labelled images for image generators: scikit-learn's bundled 8×8 ``digits``, a folder of class subfolders, or
-``.jsonl`` / ``.parquet`` rows naming an image (a path relative to the file, or its bytes) with a label or caption.
+"""Labelled images for image generators: scikit-learn's bundled 8×8 ``digits``, captioned ``shapes``, a folder of
+class subfolders, or ``.jsonl`` / ``.parquet`` rows naming an image (a path relative to the file, or its bytes) with a
+label or caption.
 
 Every image is decoded once, when the source is opened, to ``image_size`` × ``image_size`` with ``channels``
 channels and scaled to [-1, 1]; a source's images are small enough to hold whole (tens of thousands of thumbnails

@@ -39,7 +39,8 @@ class DiTConfig(StrictModel):
     num_classes: int = Field(default=1000, ge=0,
                              description="class labels 0..num_classes-1; label num_classes is the null class")
     text_dim: int | None = Field(default=None, gt=0, description="pooled-text conditioning: the width of the text "
-                                 "embeddings whose masked mean is projected into the condition (None: class-conditional)")
+                                 "embeddings whose masked mean is projected into the condition (None: class "
+                                 "labels)")
     learn_sigma: bool = Field(default=False, description="also output DiT's variance channels (out = 2·in channels)")
     qkv_bias: bool = True
     frequency_embedding_size: int = Field(default=256, gt=0, description="width of the timestep sinusoid (even)")
