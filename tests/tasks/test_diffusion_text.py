@@ -100,3 +100,23 @@ def test_bad_input_fails_in_one_line(tmp_path, capsys, override, message):
     code = main(["train", str(path), override, "--check"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_equal_one_process_and_share_one_cache(tmp_path):
+    from longboat.trainer.metrics import read_metrics
+    from tests.distributed.conftest import train_on_two_ranks
+
+    single = config(tmp_path / "one", steps=3, cond_dropout=0.3)
+    train.run(resolve(single))
+    double = config(tmp_path / "two", steps=3, cond_dropout=0.3)
+    double["train"].update(micro_batch_size=4, threads=1)
+    double["parallel"] = {"data_parallel": "ddp"}
+    two = train_on_two_ranks(double, tmp_path)
+    for key in ("loss", "mse"):
+        ours = [r[key] for r in read_metrics(two) if key in r]
+        theirs = [r[key] for r in read_metrics(Path(single["run_dir"])) if key in r]
+        assert len(ours) == 3
+        torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=1e-5, msg=key)
+    # Both ranks encoded into the same place at once: one finished cache folder remains, no partial one.
+    assert [p.name.startswith("text-") for p in (tmp_path / "two" / "cache").iterdir()] == [True]
