@@ -1,29 +1,35 @@
-"""Robot-dataset loading speed: longboat's ``RobotDataset`` against per-sample decoding as LeRobot's loader does it.
+"""Robot policy training's loader: the policy task's own samples, as ``longboat train`` reads them, against
+per-sample decoding as LeRobot's loader does it, both with the same transforms and float cameras.
 
-The dataset is written by longboat's own writer: 2 cameras at 224×224 (AV1, LeRobot's default encoding),
-a 14-d state and action, 30 fps. Each sample holds an 8-frame observation window of both cameras and the state,
-and a 50-step action chunk. Both loaders run in the trainer's loader (``ResumableLoader``, shuffled epochs) with 4
-workers, batch 8, in the same order. The baseline opens the mp4, seeks to the keyframe before the first requested
-frame, decodes forward converting every frame to an RGB tensor, picks the nearest frames and closes the file, for
-every camera of every sample, and hands float32 frames out of the worker (LeRobot's pyav path); its numeric
-columns come from the same arrays as ours, so the two differ only in video decoding.
+The dataset is written by longboat's own writer: 2 cameras at 224×224 (AV1, LeRobot's default encoding), a 14-d
+state and action, 30 fps. Each sample holds an 8-frame observation window of both cameras and the state, and a
+50-step action chunk. Every loader is the trainer's (``ResumableLoader``, shuffled epochs, the same order), batch 8.
 
-Settings, each against the baseline in the same order, runs interleaved, medians over ``--repeats``:
-``float32``: our defaults, every row shuffled alone (LeRobot's order). ``uint8``: cameras leave the workers as
-uint8 and the main process converts each batch to float32 (``RobotDataset.to_float``, timed: on a CPU it is the
-main process's work, with an accelerator it is the device's). ``uint8 + runs``: also ``epoch_run=8``, shuffled
-epochs that keep runs of 8 neighbouring rows together, so a worker decodes each frame that neighbouring windows
-share once (the baseline cannot: it decodes every window afresh); reported with and without the conversion.
-A second table times the same batches in one process in CPU seconds, which other load on the machine disturbs
-far less than the loaders' samples/s.
+``baseline``: each camera of each sample opens its mp4, seeks to the keyframe before the first requested frame,
+decodes forward converting every frame to an RGB tensor, picks the nearest frames, closes the file and hands float32
+frames to the transforms, all in the workers (LeRobot's pyav path). ``workers``: the policy task with
+``data.transforms_on=workers`` (longboat's decoder; cameras to float and transforms in the workers). ``device``:
+``data.transforms_on=device``, what ``auto`` picks on an accelerator: cameras leave the workers as uint8, the
+main process converts each batch to float and runs the transforms on it (``PolicyTask.batch_transforms``, timed:
+on a CPU-only machine the main process's work, with an accelerator the device's: ``--device``).
 
-    python -P bench/robot_loader.py [--episodes 8] [--frames 120] [--batches 40] [--repeats 3]
+Pipelines: ``normalize`` (cameras, state and action, mean/std); ``+ runs of 8`` (``data.epoch_run=8``: shuffled
+epochs keep runs of neighbouring rows together, so a worker decodes each frame that neighbouring windows share once;
+the baseline reads the same order but decodes every window afresh); ``+ crop`` (a random 200×200 crop first).
+A second table times the same batches in one process in CPU seconds (which other load on the machine disturbs far
+less): the workers' share per sample on each path, the device path's batch transforms when run on this CPU, and the
+ratio of the baseline's worker time to the device path's, the loader's speed-up when an accelerator takes the
+float work. ``--profile`` then profiles the device path in one process (reading, collating, converting,
+transforming).
+
+    python -P bench/robot_loader.py [--episodes 8] [--frames 120] [--batches 40] [--workers 4] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import cProfile
+import pstats
 import statistics
 import time
 import warnings
@@ -37,6 +43,9 @@ from torch.utils.data import Dataset, default_collate
 from longboat.data.loader import EpochBatchSampler, EpochOrder, ResumableLoader
 from longboat.data.robot import RobotDataset, RobotDatasetWriter
 from longboat.data.robot.windows import window_rows
+from longboat.recipes.config import resolve
+from longboat.tasks.policy_data import PolicyWindows
+from longboat.utils.device import resolve_device
 
 FPS = 30
 SIZE = 224
@@ -69,12 +78,14 @@ def make_dataset(root: Path, episodes: int, frames: int) -> None:
             writer.save_episode()
 
 
-class PerSampleDecode(Dataset):
-    """LeRobot's pyav loading: every camera of every sample opens, seeks, decodes and closes its file."""
+
+
+class PerSampleFrames(Dataset):
+    """LeRobot's pyav loading of ``ours``' rows: every camera of every sample opens, seeks, decodes and closes its
+    file; numeric columns come from the same arrays, so the two differ only in video decoding."""
 
     def __init__(self, ours: RobotDataset):
-        self.ours = ours
-        self.epoch_run = ours.epoch_run  # the same sample order as ours
+        self.ours, self.epoch_run = ours, ours.epoch_run
 
     def __len__(self) -> int:
         return len(self.ours)
@@ -83,7 +94,7 @@ class PerSampleDecode(Dataset):
         ds = self.ours
         ep = ds._row_episode[row]
         start, end = int(ds._ep_start[ep]), int(ds._ep_end[ep])
-        item = {}
+        item = {"task": ds.meta.tasks[int(ds.frames.numeric["task_index"][row])]}
         for key, deltas in ds.delta_indices.items():
             rows, pad = window_rows(row, start, end, deltas)
             item[f"{key}_is_pad"] = torch.from_numpy(pad)
@@ -115,34 +126,68 @@ def decode_like_lerobot(path: Path, timestamps: list[float], tolerance_s: float)
     return torch.stack([frames[i] for i in idx]).float() / 255
 
 
-def samples_per_second(dataset: Dataset, batches: int, workers: int, batch_size: int, to_float: bool) -> float:
-    """Steady-state samples/s of the trainer's loader; ``to_float`` converts uint8 cameras here, as timed work."""
-    loader = ResumableLoader(dataset, batch_size, num_workers=workers, epochs=EpochOrder(batch_size, seed=0))
+
+def policy_data(root: Path, transforms: list[dict], run: int, on: str):
+    """The policy task's training samples, model config and task, as ``longboat train`` builds them."""
+    cfg = {"task": "policy", "run_dir": str(root.parent / "bench_run"), "seed": 0,
+           "model": {"arch": "mlp", "preset": "tiny", "n_obs_steps": 8, "horizon": 50},
+           "data": {"path": str(root), "transforms": transforms, "epoch_run": run, "transforms_on": on},
+           "train": {"device": "cpu", "steps": 1}}
+    resolved = resolve(cfg)
+    task = resolved.task
+    data = task.build(resolved.model, resolved.cfg.train, 0, 1)
+    return data.train, resolved.model, task
+
+
+def samples_per_second(dataset: Dataset, transform, batches: int, workers: int, batch_size: int,
+                       device: torch.device) -> float:
+    """Steady-state samples/s of the trainer's loader, each batch moved to ``device`` as the trainer moves it and
+    ``transform`` (the device path's) applied there."""
+    loader = ResumableLoader(dataset, batch_size, num_workers=workers, epochs=EpochOrder(batch_size, seed=0),
+                             pin_memory=device.type != "cpu")
     for _ in range(max(workers, 1)):  # each worker's first batch: start-up, not steady state
         next(loader)
     t0 = time.perf_counter()
     for _ in range(batches):
-        batch = next(loader)
-        if to_float:
-            batch = dataset.to_float(batch)
+        batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                 for k, v in next(loader).items()}
+        if transform is not None:
+            batch = transform(batch)
+    if device.type != "cpu":
+        torch.accelerator.synchronize()
     elapsed = time.perf_counter() - t0
-    assert batch[CAMERAS[0]].shape == (batch_size, 8, 3, SIZE, SIZE) and batch["action"].shape[1] == 50
-    uint8 = getattr(dataset, "image_dtype", "float32") == "uint8" and not to_float
-    assert batch[CAMERAS[0]].dtype == (torch.uint8 if uint8 else torch.float32)
+    assert batch[CAMERAS[0]].dtype == torch.float32 and batch["action"].shape == (batch_size, 50, DIM)
     del loader  # its workers end before the next measurement starts
     return batches * batch_size / elapsed
 
 
-def cpu_ms_per_sample(dataset: Dataset, order: list[list[int]], to_float: bool) -> float:
-    """CPU time of one process reading and collating ``order``'s batches (and converting them): what the workers
-    and the main process spend per sample, whatever else the machine runs."""
-    ours = isinstance(dataset, RobotDataset)
-    start = time.process_time()
-    for rows in order:
-        batch = default_collate(dataset.__getitems__(rows) if ours else [dataset[r] for r in rows])
-        if to_float:
-            dataset.to_float(batch)
-    return (time.process_time() - start) / sum(map(len, order)) * 1e3
+def cpu_ms_per_sample(dataset: Dataset, transform, order: list[list]) -> tuple[float, float]:
+    """CPU milliseconds per sample of one process reading and collating ``order``'s batches (the workers' share),
+    and of ``transform`` on them (the device path's share, here on the CPU): what each costs whatever else the
+    machine runs."""
+    read = convert = 0.0
+    for indices in order:
+        start = time.process_time()
+        batch = default_collate(dataset.__getitems__(indices))
+        middle = time.process_time()
+        if transform is not None:
+            transform(batch)
+        read, convert = read + middle - start, convert + time.process_time() - middle
+    n = sum(map(len, order))
+    return read / n * 1e3, convert / n * 1e3
+
+
+def profile_device_path(dataset: PolicyWindows, transform, batches: int, batch_size: int, top: int = 12) -> None:
+    """cProfile of the device path's work in one process: read, collate, convert and transform ``batches``."""
+    sampler = EpochBatchSampler(len(dataset), batch_size, 0, 1, batch_size, 0, positioned=True,
+                                run=dataset.epoch_run)
+    order = [b for b, _ in zip(sampler, range(batches))]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for indices in order:
+        transform(default_collate(dataset.__getitems__(indices)))
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
 def main() -> None:
@@ -154,44 +199,58 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--run", type=int, default=8, help="epoch_run of the runs settings (default 8)")
+    p.add_argument("--run", type=int, default=8, help="epoch_run of the runs pipelines (default 8)")
+    p.add_argument("--profile", action="store_true", help="then profile the device path of the last pipeline")
+    p.add_argument("--device", default="auto", help="where batches go and the device path transforms (auto: the "
+                                                     "accelerator if any, else the CPU)")
     args = p.parse_args()
+    target = resolve_device(args.device)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores is asked for
     if not (args.root / "meta/info.json").is_file():
         t0 = time.perf_counter()
         make_dataset(args.root, args.episodes, args.frames)
         print(f"wrote {args.episodes * args.frames} frames × {len(CAMERAS)} cameras in {time.perf_counter() - t0:.1f}s"
               f" to {args.root}")
-    run = f"uint8 + runs of {args.run}"
-    # setting: (dataset options, convert to float in the main process, the baseline it is compared with)
-    settings = {"float32": ({}, True, "rows shuffled alone"), "uint8": ({"image_dtype": "uint8"}, True,
-                "rows shuffled alone"), run: ({"image_dtype": "uint8", "epoch_run": args.run}, True, "runs"),
-                f"{run}, batches uint8": ({"image_dtype": "uint8", "epoch_run": args.run}, False, "runs")}
-    datasets = {name: RobotDataset(args.root, delta_timestamps=WINDOW, **opts) for name, (opts, _, _) in settings.items()}
-    baselines = {"rows shuffled alone": PerSampleDecode(datasets["float32"]), "runs": PerSampleDecode(datasets[run])}
-    rates: dict[str, list[float]] = {name: [] for name in [*baselines, *settings]}
-    for _ in range(args.repeats):
-        for name, ds in baselines.items():
-            rates[name].append(samples_per_second(ds, args.batches, args.workers, args.batch_size, False))
-        for name, (_, to_float, _) in settings.items():
-            rates[name].append(samples_per_second(datasets[name], args.batches, args.workers, args.batch_size,
-                                                  to_float))
-    median = {name: statistics.median(r) for name, r in rates.items()}
+    normalize = {"type": "normalize", "features": {**{c: "mean_std" for c in CAMERAS},
+                                                    "observation.state": "mean_std", "action": "mean_std"}}
+    crop = {"type": "random_crop", "keys": list(CAMERAS), "size": [200, 200]}
+    pipelines = {"normalize": ([normalize], 1), f"normalize + runs of {args.run}": ([normalize], args.run),
+                 f"crop + normalize + runs of {args.run}": ([crop, normalize], args.run)}
     print(f"{args.workers} workers, batch {args.batch_size}, {args.batches} batches, {len(CAMERAS)} cameras {SIZE}², "
-          f"8-frame windows, 50-step actions; medians of {args.repeats}")
-    print(f"{'setting':<32} {'baseline':>9} {'longboat':>9} {'ratio':>7}   (samples/s)")
-    for name, (_, _, base) in settings.items():
-        b, f = median[base], median[name]
-        print(f"{name:<32} {b:9.1f} {f:9.1f} {f / b:6.2f}×")
-    # The same work in one process, timed in CPU seconds: the ratio a machine with a core per worker would see.
+          f"8-frame windows, 50-step actions; batches to {target}; medians of {args.repeats}; samples/s")
+    print(f"{'pipeline':<36} {'baseline':>9} {'workers':>9} {'device':>9} {'workers/base':>13} {'device/base':>12}")
+    for name, (transforms, run) in pipelines.items():
+        in_workers, _, _ = policy_data(args.root, transforms, run, "workers")
+        on_device, model_cfg, task = policy_data(args.root, transforms, run, "device")
+        baseline = PolicyWindows(PerSampleFrames(in_workers.frames), in_workers.pipeline, model_cfg, 0)
+        loaders = {"baseline": (baseline, None), "workers": (in_workers, None),
+                   "device": (on_device, task.batch_transforms[0])}
+        rates: dict[str, list[float]] = {k: [] for k in loaders}
+        for _ in range(args.repeats):
+            for key, (dataset, transform) in loaders.items():
+                rates[key].append(samples_per_second(dataset, transform, args.batches, args.workers,
+                                                     args.batch_size, target))
+        m = {k: statistics.median(r) for k, r in rates.items()}
+        print(f"{name:<36} {m['baseline']:9.1f} {m['workers']:9.1f} {m['device']:9.1f} "
+              f"{m['workers'] / m['baseline']:12.2f}× {m['device'] / m['baseline']:11.2f}×", flush=True)
+    # The same batches in one process, in CPU time: what the workers spend per sample on each path, and what the
+    # device path's batch transforms cost when the "device" is this CPU (on an accelerator they leave the CPU).
     torch.set_num_threads(1)
-    print(f"\n{'CPU ms per sample, one process':<32} {'baseline':>9} {'longboat':>9} {'ratio':>7}")
-    for name, (_, to_float, base) in settings.items():
-        ds = datasets[name]
-        sampler = EpochBatchSampler(len(ds), args.batch_size, 0, 1, args.batch_size, 0, run=ds.epoch_run)
-        order = list(itertools.islice(iter(sampler), args.batches))
-        b, f = cpu_ms_per_sample(baselines[base], order, False), cpu_ms_per_sample(ds, order, to_float)
-        print(f"{name:<32} {b:9.1f} {f:9.1f} {b / f:6.2f}×")
+    print(f"\n{'CPU ms per sample, one process':<36} {'baseline':>9} {'workers':>9} {'device':>9} "
+          f"{'+ on batch':>11} {'base/device':>12}")
+    for name, (transforms, run) in pipelines.items():
+        in_workers, _, _ = policy_data(args.root, transforms, run, "workers")
+        on_device, model_cfg, task = policy_data(args.root, transforms, run, "device")
+        baseline = PolicyWindows(PerSampleFrames(in_workers.frames), in_workers.pipeline, model_cfg, 0)
+        sampler = EpochBatchSampler(len(on_device), args.batch_size, 0, 1, args.batch_size, 0, positioned=True,
+                                    run=run)
+        order = [b for b, _ in zip(sampler, range(args.batches))]
+        (b, _), (w, _) = cpu_ms_per_sample(baseline, None, order), cpu_ms_per_sample(in_workers, None, order)
+        d, on_batch = cpu_ms_per_sample(on_device, task.batch_transforms[0], order)
+        print(f"{name:<36} {b:9.1f} {w:9.1f} {d:9.1f} {on_batch:11.1f} {b / d:11.2f}×", flush=True)
+    if args.profile:
+        torch.set_num_threads(1)
+        profile_device_path(on_device, task.batch_transforms[0], args.batches, args.batch_size)
 
 
 if __name__ == "__main__":

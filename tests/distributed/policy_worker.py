@@ -3,19 +3,23 @@ for the distributed equality tests.
 
     torchrun --nproc_per_node=2 tests/distributed/policy_worker.py OUT DATASET ARCH:LAYOUT [ARCH:LAYOUT ...]
 
-Each case writes ``OUT/<arch>_<layout>/metrics.jsonl`` (training losses, the final validation metrics) and
-``final.pt`` (the full parameters, gathered to rank 0). Every layout sees the same global batch of the same
+Each case writes ``OUT/<arch>_<layout>/metrics.jsonl`` (training losses, the final validation metrics),
+``final.pt`` (the full parameters, gathered to rank 0) and ``units.json`` (the modules sharded and checkpointed
+one by one). Every layout sees the same global batch of the same
 positions in the sample stream, so the keyed draws (crops, noise) are the same and every run follows the
 single-process one.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from longboat.distributed import ParallelConfig, ParallelMesh, resolve_dims
@@ -75,6 +79,9 @@ def run_case(out: Path, dataset: str, case: str) -> None:
     groups = task.param_groups(model)
     freeze_outside(model, groups)  # as longboat train does: parameters in no group (a VLA's unused ones) are frozen
     model = parallelize(model, mesh, parallel, None, "cpu")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "units.json").write_text(json.dumps(wrapped_units(model)))
     trainer = Trainer(train_cfg, CheckpointConfig(export=False), run_dir, model, data.loss_fn, data.train, data.valid,
                       dp=dp, device=torch.device("cpu"), hooks=task, param_groups=groups, seed=SEED)
     trainer.fit()
@@ -83,6 +90,14 @@ def run_case(out: Path, dataset: str, case: str) -> None:
         torch.save(state, run_dir / "final.pt")
     if dist.is_initialized():
         dist.barrier()
+
+
+def wrapped_units(model: torch.nn.Module) -> dict[str, list[str]]:
+    """The modules sharded on their own (FSDP2 units, the root aside) and those checkpointed, by name."""
+    fsdp = [name for name, m in model.named_modules() if isinstance(m, FSDPModule) and name]
+    checkpointed = [name.removesuffix("._checkpoint_wrapped_module") for name, m in model.named_modules()
+                    if isinstance(m, CheckpointWrapper)]
+    return {"fsdp": fsdp, "checkpointed": checkpointed}
 
 
 def main(out: str, dataset: str, cases: list[str]) -> None:

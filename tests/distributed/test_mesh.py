@@ -14,6 +14,8 @@ from longboat.models.llm.parallel_plan import check_tensor_parallel
         ({"dp_replicate": 2}, 8, ParallelDims(2, 4, 1)),
         ({"tp": 2}, 8, ParallelDims(1, 4, 2)),
         ({"dp_replicate": 2, "dp_shard": 2, "tp": 2}, 8, ParallelDims(2, 2, 2)),
+        ({"cp": 2}, 8, ParallelDims(1, 4, 1, cp=2)),
+        ({"dp_replicate": 2, "cp": 2}, 8, ParallelDims(2, 2, 1, cp=2)),
     ],
 )
 def test_dp_shard_takes_the_rest(fields, world, dims):
@@ -25,6 +27,8 @@ def test_a_mesh_that_does_not_fill_the_world_names_the_axes():
         resolve_dims(ParallelConfig(dp_shard=3), 2)
     with pytest.raises(ConfigError, match=r"6 ranks cannot be split as dp_replicate=1 × tp=4"):
         resolve_dims(ParallelConfig(tp=4), 6)
+    with pytest.raises(ConfigError, match=r"dp_replicate=1 × dp_shard=2 × cp=2 × tp=1 = 4 ranks, but the job has 2"):
+        resolve_dims(ParallelConfig(dp_shard=2, cp=2), 2)
 
 
 def test_config_rejects_combinations_that_cannot_work():

@@ -60,7 +60,7 @@ def test_dropped_captions_become_the_empty_captions_embedding(tmp_path):
     for i in range(32):
         want = (null, null_mask) if dropped[i] else (batch["text"][i], batch["text_mask"][i])
         assert torch.equal(text[i], want[0]) and torch.equal(mask[i], want[1])
-    caption = data.train.images.captions[5]  # each image carries its own caption's embedding
+    caption = data.train.samples.images.captions[5]  # each image carries its own caption's embedding
     assert torch.equal(batch["text"][5], table.embeddings[table.row[caption]])
 
 

@@ -59,7 +59,7 @@ def built(dataset: Path, tmp_path: Path, cfg_cls=MLPPolicyConfig, model: dict | 
     resolved = resolve(run_config(dataset, tmp_path, model, **data))
     cfg = cfg_cls(**resolved.model.model_dump(), **({} if cfg_cls is MLPPolicyConfig else {"tokenizer": str(TOKENIZER)}))
     task: PolicyTask = resolved.task
-    return task, cfg, task.build(cfg, TrainerConfig(steps=2, micro_batch_size=4), 3, 1)
+    return task, cfg, task.build(cfg, TrainerConfig(steps=2, micro_batch_size=4, device="cpu"), 3, 1)
 
 
 def test_samples_hold_windows_keys_and_keyed_draws(dataset, tmp_path):

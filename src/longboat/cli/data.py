@@ -1,4 +1,4 @@
-"""``longboat data``: ``tokenize``, ``train-tokenizer``, ``record`` and ``info`` subcommands."""
+"""``longboat data``: ``tokenize``, ``train-tokenizer``, ``record``, ``info`` and ``encode`` subcommands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from longboat.recipes import data as recipe
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``data`` and its subcommands to the main parser's subparsers."""
-    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, record and describe a robot dataset")
+    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, record and describe a robot dataset, encode latents")
     commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
     tok = commands.add_parser(
@@ -75,6 +75,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     info.add_argument("--check", action="store_true",
                       help="also read every data file and open every video; list each problem found (exit 2 if any)")
     info.set_defaults(func=_info)
+
+    enc = commands.add_parser(
+        "encode",
+        help="encode images or clips with a VAE into a latent cache (safetensors shards + index.json)",
+        description="Encode a source's images (or, with --frames, clips) with a VAE into OUTPUT/latents-<hash>/, the "
+                    "hash covering the source's files, the preprocessing and the VAE's weights: an unchanged source "
+                    "is found and not encoded again. Train on it with data.latents: OUTPUT/latents-<hash>.",
+    )
+    enc.add_argument("--source", required=True, help="'digits', a folder of class subfolders, a .jsonl / .parquet "
+                                                     "file of rows, or with --frames a metadata.csv or rows of clips")
+    enc.add_argument("--vae", required=True, metavar="EXPORT_OR_PRESET",
+                     help="a VAE export, run, checkpoint or Hugging Face directory, or ARCH:PRESET (random weights)")
+    enc.add_argument("--output", required=True, metavar="DIR", help="where the cache directory is written")
+    enc.add_argument("--size", type=int, default=256, help="image side (clips: height and width), default 256")
+    enc.add_argument("--channels", type=int, choices=(1, 3), default=None,
+                     help="image channels (default: the VAE's input channels)")
+    enc.add_argument("--frames", type=int, default=None, help="encode clips of this many frames (1 + 4k)")
+    enc.add_argument("--fps", default="16", help="clips are read at this frame rate (default 16)")
+    enc.add_argument("--batch", type=int, default=8, help="items per encoder call (default 8)")
+    enc.add_argument("--latent-channels", type=int, default=None,
+                     help="refuse a VAE whose latents have another number of channels")
+    enc.add_argument("--max-malformed-fraction", type=float, default=0.0,
+                     help="share of unreadable inputs skipped before the command fails (default 0)")
+    enc.add_argument("--device", default="cpu", help="where the VAE runs (default cpu)")
+    enc.set_defaults(func=_encode)
     return parser
 
 
@@ -121,3 +146,13 @@ def _record(args: argparse.Namespace) -> None:
 
 def _info(args: argparse.Namespace) -> None:
     recipe.info(args.path, check=args.check)
+
+
+def _encode(args: argparse.Namespace) -> None:
+    from longboat.config.base import validate
+    from longboat.data.latent_cache import LatentSourceConfig
+
+    fields = {"source": args.source, "size": args.size, "channels": args.channels, "frames": args.frames,
+              "fps": args.fps, "batch": args.batch, "latent_channels": args.latent_channels,
+              "max_malformed_fraction": args.max_malformed_fraction}
+    recipe.encode(validate(LatentSourceConfig, fields, "longboat data encode"), args.vae, args.output, args.device)

@@ -57,8 +57,9 @@ def _check(args: argparse.Namespace) -> int:
     checked = preflight(resolved, world)
     d = checked.dims
     pp = f"pp {d.pp} × " if d.pp > 1 else ""
+    cp = f"cp {d.cp} × " if d.cp > 1 else ""
     print(f"ok: task {resolved.cfg.task} · model {resolved.arch} · {world} rank(s): {pp}dp_replicate {d.dp_replicate} × "
-          f"dp_shard {d.dp_shard} × tp {d.tp}"
+          f"dp_shard {d.dp_shard} × {cp}tp {d.tp}"
           + (f" · resumes from {checked.resume_from}" if checked.resume_from else " · starts fresh")
           + (f" · exports HF {checked.hf_family}" if checked.hf_family else ""))
     return 0
@@ -206,6 +207,10 @@ def _convert(args: argparse.Namespace) -> int:
     _load_plugins(args)
     if args.direction in ("hf-to-longboat", "diffusers-to-longboat"):  # one path: the directory says its format
         out = convert.hf_to_longboat(args.source, args.output, args.dtype, args.overwrite)
+    elif args.direction == "lerobot-to-longboat":
+        out = convert.lerobot_to_longboat(args.source, args.output, args.overwrite)
+    elif args.direction == "longboat-to-lerobot":
+        out = convert.longboat_to_lerobot(args.source, args.output, args.overwrite)
     else:
         out = convert.longboat_to_hf(args.source, args.output, args.family, args.dtype, args.max_shard_size,
                                      args.overwrite)
@@ -400,12 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="run_dir/checkpoints/step_N, or a run directory")
     v.set_defaults(func=_checkpoint_verify)
 
-    p = sub.add_parser("convert", help="convert a Hugging Face (transformers or diffusers) checkpoint to a longboat "
-                                       "export, or back")
+    p = sub.add_parser("convert", help="convert a Hugging Face (transformers or diffusers) checkpoint or a LeRobot "
+                                       "policy directory to a longboat export, or back")
     p.add_argument("direction", choices=["hf-to-longboat", "longboat-to-hf", "diffusers-to-longboat",
-                                         "longboat-to-diffusers"])
-    p.add_argument("source", help="HF directory, or a diffusers model's (its transformer/ folder) (...-to-longboat); "
-                                  "export, run dir or checkpoint (longboat-to-...)")
+                                         "longboat-to-diffusers", "lerobot-to-longboat", "longboat-to-lerobot"])
+    p.add_argument("source", help="HF directory, a diffusers model's (its transformer/ folder) or a LeRobot policy "
+                                  "directory (...-to-longboat); export, run dir or checkpoint (longboat-to-...)")
     p.add_argument("output", help="directory to write")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weight dtype to write (default: keep the source's)")

@@ -12,7 +12,6 @@ order; string labels in rows are classes in sorted order too, integer labels are
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,12 +24,12 @@ from pydantic import Field
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.images.decode import ImageError, open_image, rgb_image
 from longboat.data.shapes import SHAPES, load_shapes
+from longboat.data.source_files import check_malformed, held_out, read_rows, row_unit
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 DIGITS = "digits"
 DIGITS_SIZE = 8
 DIGITS_MAX = 16.0  # load_digits' pixel values run 0..16
-_NAMED = 5  # bad files a failure names
 
 
 class ImageSourceConfig(StrictModel):
@@ -58,24 +57,20 @@ class ImageSet:
     classes: list[str]
     captions: list[str] | None = None
     malformed: list[str] = field(default_factory=list)  # what could not be read (skipped)
+    names: list[str] | None = None  # where each image came from (a file, or a row of one)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
     def subset(self, index: torch.Tensor) -> ImageSet:
-        captions = None if self.captions is None else [self.captions[i] for i in index.tolist()]
-        return ImageSet(self.images[index], self.labels[index], self.classes, captions, self.malformed)
+        pick = index.tolist()
+        captions = None if self.captions is None else [self.captions[i] for i in pick]
+        names = None if self.names is None else [self.names[i] for i in pick]
+        return ImageSet(self.images[index], self.labels[index], self.classes, captions, self.malformed, names)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-
-def split_indices(n: int, valid_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, valid) indices of ``n`` items: a permutation drawn from ``seed``, ``valid_fraction`` held out."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_valid = int(round(n * valid_fraction))
-    return order[n_valid:].sort().values, order[:n_valid].sort().values
 
 
 def open_images(cfg: ImageSourceConfig) -> ImageSet:
@@ -102,10 +97,7 @@ def open_split(cfg: ImageSourceConfig) -> tuple[ImageSet, ImageSet | None]:
     images = open_images(cfg)
     if cfg.valid_fraction == 0:
         return images, None
-    train, valid = split_indices(len(images), cfg.valid_fraction, cfg.split_seed)
-    if len(valid) == 0 or len(train) == 0:
-        raise ConfigError(f"data.valid_fraction={cfg.valid_fraction}: {cfg.source} holds {len(images)} images, too "
-                          "few to split")
+    train, valid = held_out(len(images), cfg.valid_fraction, cfg.split_seed, cfg.source)
     return images.subset(train), images.subset(valid)
 
 
@@ -155,15 +147,6 @@ def _decode(source, name: str, image_size: int, channels: int) -> torch.Tensor |
         return None
 
 
-def _check_malformed(bad: list[str], total: int, limit: float, where: str) -> None:
-    if total == 0:
-        raise ConfigError(f"data.source: {where} holds no images")
-    if bad and len(bad) / total > limit:
-        named = ", ".join(bad[:_NAMED]) + (f" and {len(bad) - _NAMED} more" if len(bad) > _NAMED else "")
-        raise ConfigError(f"data.source: {len(bad)} of {total} images in {where} cannot be read ({named}); "
-                          f"data.max_malformed_fraction={limit} allows {int(limit * total)}")
-
-
 def _stack(images: list[torch.Tensor], image_size: int, channels: int) -> torch.Tensor:
     return torch.stack(images) if images else torch.zeros(0, channels, image_size, image_size)
 
@@ -173,7 +156,7 @@ def load_folder(root: Path, image_size: int, channels: int, max_malformed_fracti
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise ConfigError(f"data.source: {root} has no class subfolders (expected {root}/<class>/<image files>)")
-    images, labels, bad, total = [], [], [], 0
+    images, labels, bad, names, total = [], [], [], [], 0
     for label, name in enumerate(classes):
         files = sorted(p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         for path in files:
@@ -184,39 +167,17 @@ def load_folder(root: Path, image_size: int, channels: int, max_malformed_fracti
                 continue
             images.append(image)
             labels.append(label)
-    _check_malformed(bad, total, max_malformed_fraction, str(root))
+            names.append(str(path))
+    check_malformed(bad, total, max_malformed_fraction, str(root))
     return ImageSet(_stack(images, image_size, channels), torch.tensor(labels, dtype=torch.int64), classes,
-                    malformed=bad)
-
-
-def _read_rows(path: Path) -> list[dict]:
-    if path.name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as e:  # pyarrow raises several types for a file that is not parquet
-            raise ConfigError(f"data.source: {path}: cannot read as parquet: {e}") from None
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"data.source: {path}:{number}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"data.source: {path}:{number}: expected an object per line")
-            rows.append(row)
-    return rows
+                    malformed=bad, names=names)
 
 
 def load_rows(path: Path, cfg: ImageSourceConfig) -> ImageSet:
     """Rows of a .jsonl or .parquet file: ``image_key`` a path (relative to the file) or the image's bytes,
     ``label_key`` an int or str label, ``caption_key`` a caption."""
-    rows = _read_rows(path)
-    unit = "row" if path.name.endswith(".parquet") else "line"
+    rows = read_rows(path)
+    unit = row_unit(path)
     for number, row in enumerate(rows, 1):
         if cfg.image_key not in row:
             raise ConfigError(f"data.source: {path} {unit} {number} has no '{cfg.image_key}' (data.image_key); "
@@ -237,7 +198,7 @@ def load_rows(path: Path, cfg: ImageSourceConfig) -> ImageSet:
             raise ConfigError(f"data.source: {path}: '{cfg.label_key}' must be an int or a str in every row, found "
                               f"{', '.join(sorted(k.__name__ for k in kinds))}")
     index = {name: i for i, name in enumerate(names)}
-    images, labels, captions, bad = [], [], [], []
+    images, labels, captions, bad, item_names = [], [], [], [], []
     for number, row in enumerate(rows, 1):
         value = row[cfg.image_key]
         name = f"{path} {unit} {number}"
@@ -250,9 +211,10 @@ def load_rows(path: Path, cfg: ImageSourceConfig) -> ImageSet:
             bad.append(name)
             continue
         images.append(image)
+        item_names.append(name)
         label = row.get(cfg.label_key) if has_labels else None
         labels.append(-1 if label is None else (index[label] if isinstance(label, str) else int(label)))
         captions.append(str(row.get(cfg.caption_key) or ""))
-    _check_malformed(bad, len(rows), cfg.max_malformed_fraction, str(path))
+    check_malformed(bad, len(rows), cfg.max_malformed_fraction, str(path))
     return ImageSet(_stack(images, cfg.image_size, cfg.channels), torch.tensor(labels, dtype=torch.int64), names,
-                    captions if has_captions else None, bad)
+                    captions if has_captions else None, bad, item_names)

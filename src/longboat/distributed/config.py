@@ -12,14 +12,16 @@ from longboat.config.base import StrictModel
 class ParallelConfig(StrictModel):
     """Mesh degrees and per-block options; the default is one process on one device.
 
-    The world is ``pp × dp_replicate × dp_shard × tp`` ranks. With ``data_parallel: fsdp``, parameters are sharded over
-    ``dp_shard`` and replicated over ``dp_replicate`` (both > 1: HSDP). With ``ddp`` every data-parallel rank
-    (``dp_replicate × dp_shard``) holds a full replica. With ``pp > 1`` each group of ``dp_replicate × dp_shard ×
+    The world is ``pp × dp_replicate × dp_shard × cp × tp`` ranks. With ``data_parallel: fsdp``, parameters are
+    sharded over ``dp_shard`` and replicated over ``dp_replicate`` (both > 1: HSDP). With ``ddp`` every
+    data-parallel rank (``dp_replicate × dp_shard``) holds a full replica. With ``pp > 1`` each group of ``dp_replicate × dp_shard ×
     tp`` ranks holds one pipeline stage (``pp_virtual_stages`` of them for the interleaved schedule).
     ``ep`` is carved out of ``dp_shard``: groups of ``ep`` neighbouring ``dp_shard`` ranks split the routed experts
     among them, and FSDP shards each expert over the ``dp_shard / ep`` ranks left; everything else stays sharded
     over all of ``dp_shard``. With ``tp > 1`` every expert's ffn units are split over ``tp`` as well, and each tp
-    rank exchanges tokens with the ranks of its own tp index.
+    rank exchanges tokens with the ranks of its own tp index. ``cp`` ranks hold the same samples and each a share of
+    their token sequence (Ulysses context parallelism, where the model's spec plans it); FSDP shards parameters over
+    ``dp_shard × cp``, and gradients are reduced over both.
     """
 
     dp_replicate: int = Field(default=1, ge=1)
@@ -27,6 +29,7 @@ class ParallelConfig(StrictModel):
     tp: int = Field(default=1, ge=1, description="tensor (and sequence) parallel degree")
     ep: int = Field(default=1, ge=1, description="expert parallel degree, a divisor of dp_shard and of n_experts")
     pp: int = Field(default=1, ge=1, description="pipeline-parallel degree: stages of consecutive layers")
+    cp: int = Field(default=1, ge=1, description="context-parallel degree: ranks splitting each sample's tokens")
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     pp_virtual_stages: int = Field(default=1, ge=1, description="stages per pipeline rank (interleaved_1f1b: >= 2)")
     pp_layers: list[int] | None = Field(
@@ -49,6 +52,11 @@ class ParallelConfig(StrictModel):
         if self.dp_shard == 0:
             raise ValueError("parallel.dp_shard must be -1 (the rest of the world) or a positive degree, got 0")
         self._check_pipeline()
+        if self.cp > 1:
+            others = [f"{axis}={getattr(self, axis)}" for axis in ("tp", "pp", "ep") if getattr(self, axis) > 1]
+            if others:
+                raise ValueError(f"parallel.cp={self.cp} cannot be combined with {', '.join(others)}: context "
+                                 "parallelism runs beside data parallelism only")
         if self.data_parallel == "ddp":
             if self.tp > 1:
                 raise ValueError(

@@ -1,4 +1,4 @@
-"""The device mesh: named axes ``pp × dp_replicate × dp_shard × tp``, validated before any collective runs."""
+"""The device mesh: named axes ``pp × dp_replicate × dp_shard × cp × tp``, validated before any collective runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from longboat.config.base import ConfigError
 from longboat.distributed.config import ParallelConfig
 
-AXES = ("pp", "dp_replicate", "dp_shard", "tp")
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class ParallelDims:
     tp: int = 1
     pp: int = 1  # outermost: each stage's ranks are neighbours, as the inner axes' collectives want
     ep: int = 1  # carved out of dp_shard, not a factor of the world size
+    cp: int = 1  # between dp_shard and tp: ranks holding the same samples, each a share of their tokens
 
     @property
     def dp(self) -> int:
@@ -29,7 +30,7 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
 
 def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
@@ -38,14 +39,15 @@ def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
     Pure arithmetic on the config and the launch environment, so every rank raises the same error instead of
     some of them waiting in a collective.
     """
-    fixed = cfg.pp * cfg.dp_replicate * cfg.tp
+    fixed = cfg.pp * cfg.dp_replicate * cfg.cp * cfg.tp
     pp = f"pp={cfg.pp} × " if cfg.pp > 1 else ""
+    cp = f"cp={cfg.cp} × " if cfg.cp > 1 else ""
     shard = cfg.dp_shard
     if shard == -1:
         if world_size % fixed:
             raise ConfigError(
-                f"parallel: {world_size} ranks cannot be split as {pp}dp_replicate={cfg.dp_replicate} × tp={cfg.tp} × "
-                f"dp_shard (the rest): {world_size} is not a multiple of {fixed}"
+                f"parallel: {world_size} ranks cannot be split as {pp}dp_replicate={cfg.dp_replicate} × {cp}"
+                f"tp={cfg.tp} × dp_shard (the rest): {world_size} is not a multiple of {fixed}"
             )
         shard = world_size // fixed
     if shard % cfg.ep:
@@ -53,10 +55,10 @@ def resolve_dims(cfg: ParallelConfig, world_size: int) -> ParallelDims:
             f"parallel.ep={cfg.ep} must divide parallel.dp_shard={shard}: the expert-parallel ranks are data-parallel "
             "shard ranks"
         )
-    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp, cfg.pp, cfg.ep)
+    dims = ParallelDims(cfg.dp_replicate, shard, cfg.tp, cfg.pp, cfg.ep, cfg.cp)
     if dims.world_size != world_size:
         raise ConfigError(
-            f"parallel: {pp}dp_replicate={dims.dp_replicate} × dp_shard={dims.dp_shard} × tp={dims.tp} = "
+            f"parallel: {pp}dp_replicate={dims.dp_replicate} × dp_shard={dims.dp_shard} × {cp}tp={dims.tp} = "
             f"{dims.world_size} ranks, but the job has {world_size}; change the degrees or the number of processes "
             "(set parallel.dp_shard=-1 to use the rest)"
         )
@@ -69,10 +71,20 @@ class ParallelMesh:
     def __init__(self, dims: ParallelDims, device_type: str):
         self.dims = dims
         self.world: DeviceMesh = init_device_mesh(
-            device_type, (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp), mesh_dim_names=AXES
+            device_type, (dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp), mesh_dim_names=AXES
         )
         # One flat axis over all data-parallel ranks: the group that splits the data and reduces the loss.
         self.dp: DeviceMesh = self.world["dp_replicate", "dp_shard"]._flatten("dp")
+        # Context-parallel ranks hold the same samples, so parameters shard over them as over dp_shard, and their
+        # gradients (each rank's share of the tokens) are reduced over them too.
+        self._shard_cp: DeviceMesh | None = None
+        self._dp_cp: DeviceMesh | None = None
+        if dims.cp > 1:
+            self._shard_cp = self.world["dp_shard", "cp"]._flatten("dp_shard_cp")
+            self._dp_cp = self.world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+            if dims.dp_replicate > 1:  # HSDP: replicas of the shards over dp_shard × cp
+                self._shard_cp = self._dp_cp._unflatten(
+                    "dp_cp", (dims.dp_replicate, dims.dp_shard * dims.cp), ("dp_replicate", "dp_shard_cp"))
 
         # Expert parallel splits dp_shard into dp_shard_mod_ep × ep: neighbouring shard ranks share out the experts.
         self._experts: DeviceMesh | None = None
@@ -109,12 +121,24 @@ class ParallelMesh:
         return self.world["tp"] if self.dims.tp > 1 else None
 
     @property
+    def cp(self) -> DeviceMesh | None:
+        """The ranks that split each sample's tokens among them (None without context parallel)."""
+        return self.world["cp"] if self.dims.cp > 1 else None
+
+    @property
+    def grad_group(self) -> dist.ProcessGroup:
+        """The ranks whose gradients DDP averages: the data-parallel ones, with the context-parallel ones."""
+        return self._dp_cp.get_group() if self._dp_cp is not None else self.dp_group
+
+    @property
     def pp(self) -> DeviceMesh | None:
         return self.world["pp"] if self.dims.pp > 1 else None
 
     @property
     def fsdp(self) -> DeviceMesh:
-        """1-D (``dp_shard``) for FSDP, 2-D (``dp_replicate``, ``dp_shard``) for HSDP."""
+        """1-D (``dp_shard``, or ``dp_shard × cp`` flattened) for FSDP, 2-D (``dp_replicate`` and that) for HSDP."""
+        if self._shard_cp is not None:  # the flattened mesh itself: torch deprecates slicing it from the world
+            return self._shard_cp
         if self.dims.dp_replicate > 1:
             return self.world["dp_replicate", "dp_shard"]
         return self.world["dp_shard"]
@@ -128,7 +152,8 @@ class ParallelMesh:
         return self.dp.get_group()
 
     def __repr__(self) -> str:
-        axes = " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES if name != "pp" or self.dims.pp > 1)
+        axes = " × ".join(f"{name} {getattr(self.dims, name)}" for name in AXES
+                          if name not in ("pp", "cp") or getattr(self.dims, name) > 1)
         return axes + (f" (ep {self.dims.ep} within dp_shard)" if self.dims.ep > 1 else "")
 
 

@@ -1,8 +1,8 @@
-"""Apply parallelism to a plain model from outside: EP → TP → activation checkpointing → compile → FSDP/DDP.
+"""Apply parallelism to a plain model from outside: EP → TP → CP → checkpointing → compile → FSDP/DDP.
 
-The order matters (as in torchtitan): EP and TP turn weights into DTensors on the ``ep`` and ``tp`` axes,
-checkpointing and compilation wrap whole blocks, and FSDP shards last so that it sees the final modules and their
-DTensors.
+The order matters (as in torchtitan): EP and TP turn weights into DTensors on the ``ep`` and ``tp`` axes, CP hooks
+the model's own modules where its sequence plan cuts the tokens, activation checkpointing and compilation wrap whole
+blocks, and FSDP shards last so that it sees the final modules and their DTensors.
 Which modules are units (checkpointed, compiled, sharded one by one) the model's ``ModelSpec.parallel_units``
 says; ``meta_init`` needs the model to define ``init_weights()``.
 """
@@ -90,14 +90,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: dict[str, ParallelSty
 
 # ---- activation checkpointing and compile ------------------------------------------------------------------
 def _save_list() -> set:
-    """Ops whose outputs selective checkpointing keeps: matmuls (the experts' grouped ones too), attention and TP's
-    reduce-scatters."""
+    """Ops whose outputs selective checkpointing keeps: matmuls (the experts' grouped ones too), attention, TP's
+    reduce-scatters and CP's all-to-alls (a recomputed collective would communicate again)."""
     aten = torch.ops.aten
     names = [
         (aten, "mm"), (aten, "addmm"), (aten, "bmm"), (aten, "_grouped_mm"),
         (aten, "_scaled_dot_product_flash_attention"), (aten, "_scaled_dot_product_efficient_attention"),
         (aten, "_scaled_dot_product_cudnn_attention"), (aten, "_scaled_dot_product_flash_attention_for_cpu"),
-        (torch.ops._c10d_functional, "reduce_scatter_tensor"),
+        (torch.ops._c10d_functional, "reduce_scatter_tensor"), (torch.ops._c10d_functional, "all_to_all_single"),
     ]
     return {getattr(ns, op).default for ns, op in names if hasattr(ns, op)}
 
@@ -207,14 +207,14 @@ def apply_ddp(model: nn.Module, mesh: ParallelMesh, device: torch.device, cfg: P
     no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
     ddp = DistributedDataParallel(
         model,
-        process_group=mesh.dp_group,
+        process_group=mesh.grad_group,  # with context parallel, its ranks' gradient shares too
         device_ids=[device.index] if device.type != "cpu" else None,
         **no_sync,
     )
     if cfg.reduce_dtype == "bf16":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
-        ddp.register_comm_hook(mesh.dp_group, bf16_compress_hook)
+        ddp.register_comm_hook(mesh.grad_group, bf16_compress_hook)
     return ddp
 
 
@@ -283,6 +283,14 @@ def parallelize(
         if tp_plan is None:
             raise ConfigError(f"{type(model).__name__} has no tensor-parallel plan; set parallel.tp=1")
         apply_tensor_parallel(model, mesh.tp, tp_plan, split_already=experts)
+    if mesh is not None and mesh.cp is not None:
+        # Loaded here: it matches the plan's module patterns as the tensor-parallel plan's are matched above.
+        from longboat.distributed.context_parallel import apply_context_parallel
+
+        spec = spec_of(model)
+        if spec.sequence_parallel is None:
+            raise ConfigError(f"model '{spec.name}' has no sequence-parallel plan; set parallel.cp=1")
+        apply_context_parallel(model, mesh.cp, spec.sequence_parallel)
     if cfg.activation_checkpointing != "none":
         apply_activation_checkpointing(model, units, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:

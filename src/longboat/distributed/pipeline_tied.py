@@ -30,7 +30,7 @@ class TiedWeights:
         self.group, self.source, self.is_copy = None, None, False
         if not split.tied:
             return
-        ranks = mesh.world.mesh  # [pp, dp_replicate, dp_shard, tp]
+        ranks = mesh.world.mesh  # [pp, dp_replicate, dp_shard, cp, tp]
         pairs = torch.stack([ranks[0].flatten(), ranks[-1].flatten()], dim=1).tolist()
         self.group, _ = dist.new_subgroups_by_enumeration(pairs)
         self.source = next((a for a, b in pairs if dist.get_rank() in (a, b)), None)  # the first stage's rank

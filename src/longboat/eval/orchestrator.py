@@ -57,13 +57,18 @@ def policy_info(cfg: EvalConfig) -> PolicyInfo:
     manifest: dict = {}
     if not cfg.is_url:
         from longboat.checkpoint.export import find_export
+        from longboat.models.policy import is_lerobot_dir, lerobot_manifest
         from longboat.models.policy.manifest import POLICY_SPEC, read_policy_manifest
 
-        path = find_export(cfg.policy) / POLICY_SPEC
-        try:
-            content = path.read_bytes()
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read the policy's manifest ({e.strerror or e})") from None
+        if is_lerobot_dir(cfg.policy):  # a LeRobot policy directory: the manifest it is served with
+            path = Path(cfg.policy) / "config.json"
+            content = lerobot_manifest(cfg.policy)
+        else:
+            path = find_export(cfg.policy) / POLICY_SPEC
+            try:
+                content = path.read_bytes()
+            except OSError as e:
+                raise ConfigError(f"{path}: cannot read the policy's manifest ({e.strerror or e})") from None
         manifest = read_policy_manifest(content, str(path))
     elif obs is None:
         raise ConfigError(f"policy {cfg.policy} is a URL: the config needs 'observation' (cameras, image_size, "
@@ -180,7 +185,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
                 meta = clients[0].metadata
                 _check_sizes(cfg, runner, info.spec, meta)
                 horizon = int(meta.get("horizon") or info.horizon or 1)
-                replan = min(cfg.replan_steps or horizon, horizon)
+                # Actions used per chunk: the config's, else the policy's own (LeRobot's n_action_steps), else all.
+                replan = min(cfg.replan_steps or int(meta.get("n_action_steps") or horizon), horizon)
                 n_obs = int(meta.get("n_obs_steps") or info.n_obs_steps)
                 tallies, timing = {t: _Tally(t) for t in cfg.tasks}, Timing()
                 for e in results.episodes:
@@ -291,9 +297,11 @@ def _endpoint(cfg: EvalConfig, out: Path, stack: ExitStack) -> str:
         return cfg.policy
     from longboat.serving.server_manager import ServerManager
     from longboat.checkpoint.export import find_export
+    from longboat.models.policy import is_lerobot_dir
 
     s = cfg.serve
-    find_export(cfg.policy)  # the export, or a run directory's (whose config's plugins the server imports)
+    if not is_lerobot_dir(cfg.policy):  # served as it is
+        find_export(cfg.policy)  # the export, or a run directory's (whose config's plugins the server imports)
     args = [cfg.policy, "--batch-window-ms", str(s.batch_window_ms), "--max-batch", str(s.max_batch)]
     args += ["--device", s.device] if s.device else []
     args += ["--threads", str(s.threads)] if s.threads else []

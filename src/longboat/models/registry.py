@@ -60,6 +60,35 @@ class PipelineSplit:
 
 
 @dataclass(frozen=True)
+class SequenceCut:
+    """A place where context parallelism cuts the token sequence or joins it again: the input ``arg`` of every
+    module ``module`` names (``*`` is one dotted component, as in a tensor-parallel plan), or its output when
+    ``arg`` is None, along ``dim``. A tuple of tensors there (rotary cos and sin) is cut tensor by tensor."""
+
+    module: str
+    dim: int
+    arg: str | None = None
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """How context parallelism (Ulysses) spreads a model's token sequence over the ``cp`` ranks, as plain data.
+
+    ``split``: where each rank keeps its own contiguous ``1/cp`` of the tokens (and of whatever is per token, such
+    as rotary angles computed for the whole grid). ``attention``: the attention cores, modules whose forward takes
+    queries, keys and values [B, N, H, D] and returns [B, N, H, D]; around each, an all-to-all trades the rank's
+    tokens of all heads for all tokens of ``H / cp`` heads, and back after. Everything else in the model works per
+    token (or on inputs every rank holds whole, such as text for cross-attention) and needs no communication.
+    ``gather``: where the whole sequence is assembled again on every rank. ``heads``: the config field ``cp`` must
+    divide."""
+
+    split: tuple[SequenceCut, ...]
+    attention: tuple[str, ...]
+    gather: tuple[SequenceCut, ...]
+    heads: str = "num_heads"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What the engine needs to know about an architecture.
 
@@ -70,20 +99,23 @@ class ModelSpec:
     ``forward_methods`` name methods besides ``forward`` that run the whole model (a policy's ``predict``), so
     FSDP2 gathers the weights for them too. ``initial_weights``: loaded into a new run's model before training
     (a resumed run's checkpoint replaces them). ``pipeline(cfg)`` checks that the config can be pipelined and
-    says how to cut the model (None: no pipeline parallelism). ``hooks``: what the trainer, the tasks and
+    says how to cut the model (None: no pipeline parallelism). ``sequence_parallel``: where context parallelism cuts the
+    token sequence (None: no context parallelism). ``hooks``: what the trainer, the tasks and
     ``longboat.distributed`` ask of the model beyond ``forward`` (``models/contracts.py``).
     """
 
     name: str
     config: type[StrictModel]
     module: type[nn.Module]
-    presets: str | None = None  # package whose ``presets/`` folder holds ``<name>.yaml`` config fields
+    presets: str | None = None  # package whose ``preset_folder`` holds ``<name>.yaml`` config fields
+    preset_folder: str = "presets"  # relative to the ``presets`` package, "/"-separated ("presets/wan_vae")
     parallel_units: tuple[str, ...] = ()
     forward_methods: tuple[str, ...] = ()
     tensor_parallel: Callable[[Any, int], dict] | None = None
     hf: HFInterop | None = None
     initial_weights: InitialWeights | None = None
     pipeline: Callable[[Any], PipelineSplit] | None = None
+    sequence_parallel: SequencePlan | None = None
     hooks: ModelHooks = NO_HOOKS
 
     def build(self, cfg: StrictModel) -> nn.Module:
@@ -92,14 +124,20 @@ class ModelSpec:
     def preset_names(self) -> list[str]:
         if self.presets is None:
             return []
-        root = resources.files(self.presets) / "presets"
-        return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+        root = self._preset_root()
+        return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml") and p.is_file())
 
     def load_preset(self, name: str) -> dict:
         known = self.preset_names()
         if name not in known:
             raise ConfigError(f"unknown model preset '{name}' for '{self.name}'; known: {', '.join(known) or 'none'}")
-        return yaml.safe_load((resources.files(self.presets) / "presets" / f"{name}.yaml").read_text())
+        return yaml.safe_load((self._preset_root() / f"{name}.yaml").read_text())
+
+    def _preset_root(self):
+        root = resources.files(self.presets)
+        for part in self.preset_folder.split("/"):
+            root = root / part
+        return root
 
     def tensor_parallel_plan(self, cfg: StrictModel, tp: int) -> dict | None:
         """The checked plan for ``tp`` ranks, or None when ``tp == 1``."""
@@ -108,6 +146,20 @@ class ModelSpec:
         if self.tensor_parallel is None:
             raise ConfigError(f"model '{self.name}' has no tensor-parallel plan; set parallel.tp=1")
         return self.tensor_parallel(cfg, tp)
+
+    def sequence_plan(self, cfg: StrictModel, cp: int) -> SequencePlan | None:
+        """The plan for ``cp`` context-parallel ranks after checking that they split whole heads; None when
+        ``cp == 1``."""
+        if cp == 1:
+            return None
+        plan = self.sequence_parallel
+        if plan is None:
+            raise ConfigError(f"model '{self.name}' has no sequence-parallel plan; set parallel.cp=1")
+        heads = getattr(cfg, plan.heads)
+        if heads % cp:
+            raise ConfigError(f"parallel.cp={cp} must divide model.{plan.heads} ({heads}): each context-parallel "
+                              "rank attends with whole heads")
+        return plan
 
     def pipeline_split(self, cfg: StrictModel) -> PipelineSplit:
         if self.pipeline is None:

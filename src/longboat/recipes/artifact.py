@@ -3,7 +3,8 @@
 ``generate``, ``chat``, ``eval-lm``, ``export`` and ``convert`` (and later ``serve`` and ``eval``) start here. An
 export is read from its safetensors and JSON; a checkpoint through its run's ``config.yaml``, with the EMA weights
 when it has them and the task's assets rebuilt from the task's saved state; a Hugging Face directory through the
-spec that reads its ``model_type``, with its tokenizer and generation config as assets. A LoRA run's checkpoint is
+spec that reads its ``model_type``, with its tokenizer and generation config as assets; a LeRobot policy directory
+(``config.json`` with a policy ``type``) through ``models.policy.read_lerobot``, its processors as our transforms. A LoRA run's checkpoint is
 rebuilt with its model transforms (LoRA's adapters), loaded, and folded: what comes back is always the plain architecture. Every model is
 first counted on the meta device: one that cannot fit in the memory available is refused before allocating.
 
@@ -26,6 +27,7 @@ from longboat.checkpoint.export import EXPORT_CONFIG, ExportError, load_export_w
 from longboat.config.base import ConfigError, StrictModel, validate
 from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.footprint import check_config_fits
+from longboat.models.policy import is_lerobot_dir, read_lerobot
 from longboat.recipes.config import TRANSFORMS, load_run_dir_config, load_run_dir_plugins
 from longboat.recipes.transforms import build_model, fold_model, folded_records
 from longboat.utils.plugins import load_entry_points
@@ -74,7 +76,7 @@ def _folded(meta: dict) -> dict[str, dict]:
 
 def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact:
     """Accept an export dir, a run dir (its export, else its newest checkpoint; the checkpoint first with
-    ``prefer_checkpoint``), a checkpoint dir or a Hugging Face checkpoint dir."""
+    ``prefer_checkpoint``), a checkpoint dir, a LeRobot policy directory or a Hugging Face checkpoint dir."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such export, run directory, checkpoint or Hugging Face directory")
@@ -93,6 +95,8 @@ def open_artifact(path: str | Path, prefer_checkpoint: bool = False) -> Artifact
         if checkpoint is None:
             raise ConfigError(f"{path}: run directory has neither an export nor a complete checkpoint")
         return _open_checkpoint(path, checkpoint)
+    if is_lerobot_dir(path):
+        return open_lerobot(path)
     if (path / HF_CONFIG).is_file():
         return _open_hf(path)
     raise ConfigError(f"{path}: expected an export ({EXPORT_CONFIG}), a run directory, a checkpoint or a Hugging "
@@ -140,6 +144,23 @@ def _open_hf(path: Path) -> Artifact:
     check_hf_fits(spec, path)
     model, cfg, family, assets = spec.hf.load(path)
     return Artifact(spec.name, cfg, model.eval(), None, dict(assets), path, hf_family=family)
+
+
+def open_lerobot(path: Path) -> Artifact:
+    """A LeRobot policy directory as it is: its weights in our architecture, its processors as our transforms."""
+    policy = read_lerobot(path)
+    spec = get_model(policy.arch)
+    cfg = validate(spec.config, policy.model_config, str(path / HF_CONFIG), prefix="model")
+    model = spec.build(cfg)
+    try:
+        missing, unexpected = model.load_state_dict(policy.state_dict, strict=False)
+    except RuntimeError as e:  # a tensor whose shape config.json does not give
+        raise ExportError(f"{path}/model.safetensors: does not match {HF_CONFIG} ({str(e).splitlines()[1].strip()})"
+                          ) from None
+    if missing or unexpected:
+        raise ExportError(f"{path}/model.safetensors: missing tensors {sorted(missing)}, unexpected tensors "
+                          f"{sorted(unexpected)}")
+    return Artifact(policy.arch, cfg, model.eval(), "policy", dict(policy.assets), path)
 
 
 def _open_checkpoint(run_dir: Path, checkpoint: Path) -> Artifact:

@@ -18,6 +18,7 @@ from longboat.config.base import ConfigError, StrictModel, apply_overrides, deep
 from longboat.distributed.config import ParallelConfig
 from longboat.models import ModelSpec, get_model, hf_spec, model_names
 from longboat.models.lora import LoRAConfig
+from longboat.models.policy import lerobot_source
 from longboat.recipes.lora import LoRATransform
 from longboat.recipes.transforms import ModelTransform
 from longboat.tasks import Task, get_task
@@ -28,24 +29,31 @@ from longboat.utils.plugins import load_plugins
 class ModelSource(BaseModel):
     """A run's ``model:`` section: an architecture (default ``decoder``) with an optional preset and any fields of its
     config, or ``hf``: a Hugging Face directory whose config.json gives the architecture and fields, and whose
-    weights the run starts from. Fields set beside either override the preset's or config.json's."""
+    weights the run starts from, or ``lerobot``: a LeRobot policy directory, the same for a policy (its
+    normalisation becomes the run's ``data.transforms`` and ``data.stats``). Fields set beside either override the
+    preset's or config.json's."""
 
     model_config = ConfigDict(extra="allow")
 
     arch: str | None = None
     preset: str | None = None
     hf: str | None = None
+    lerobot: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        if self.hf is not None and (self.arch is not None or self.preset is not None):
-            raise ValueError("model.hf gives the architecture; drop model.arch and model.preset")
+        for key in ("hf", "lerobot"):
+            if getattr(self, key) is not None and (self.arch is not None or self.preset is not None):
+                raise ValueError(f"model.{key} gives the architecture; drop model.arch and model.preset")
+        if self.hf is not None and self.lerobot is not None:
+            raise ValueError("set model.hf or model.lerobot, not both")
         return self
 
     @model_serializer(mode="wrap")
     def _without_unset_sources(self, handler):
         """arch, preset and hf only where set, so a saved config reads as the user wrote it."""
-        return {k: v for k, v in handler(self).items() if v is not None or k not in ("arch", "preset", "hf")}
+        return {k: v for k, v in handler(self).items()
+                if v is not None or k not in ("arch", "preset", "hf", "lerobot")}
 
     @property
     def fields(self) -> dict:
@@ -57,6 +65,9 @@ class ModelSource(BaseModel):
         if self.hf is not None:
             spec = hf_spec(self.hf)
             return spec.name, {**spec.hf.config_fields(self.hf), **self.fields}
+        if self.lerobot is not None:
+            arch, fields, _, _ = lerobot_source(self.lerobot)
+            return arch, deep_merge(fields, self.fields)
         arch = self.arch or "decoder"
         spec = get_model(arch)
         # Nested sections merge key by key, as `inherit:` does: `model.vision.n_layers=4` keeps the preset's other
@@ -120,7 +131,7 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
         data = {**data, "plugins": load_plugins(plugins if isinstance(plugins, list) else [plugins], base_dir)}
     else:
         load_plugins([])
-    data = with_train_defaults(data)
+    data = with_lerobot_normalisation(with_train_defaults(data), source)
     cfg = validate(RunConfig, data, source)
     task = get_task(cfg.task)
     task_obj = task(validate(task.data_config, cfg.data, source, prefix="data"))
@@ -130,6 +141,21 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
         fields = task_obj.configure_model(fields)
     model_cfg = validate(get_model(arch).config, fields, source, prefix="model")
     return ResolvedRun(cfg, arch, model_cfg, task_obj.data, task_obj)
+
+
+def with_lerobot_normalisation(data: dict, source: str) -> dict:
+    """A run starting from a LeRobot policy (``model.lerobot``) normalises its data as the policy did: the policy's
+    transforms and statistics go into ``data`` (where the user set none), and so into the saved config."""
+    model, task = data.get("model"), data.get("task", RunConfig.model_fields["task"].default)
+    if not isinstance(model, dict) or not isinstance(model.get("lerobot"), str):
+        return data
+    if task != "policy":
+        raise ConfigError(f"{source}: model.lerobot is a robot policy, which task 'policy' trains, not '{task}'")
+    section = data.get("data") if isinstance(data.get("data"), dict) else {}
+    _, _, transforms, stats = lerobot_source(model["lerobot"])
+    section = {**section, "transforms": section.get("transforms") or transforms,
+               "stats": {**stats, **(section.get("stats") or {})}}
+    return {**data, "data": section}
 
 
 def with_train_defaults(data: dict) -> dict:

@@ -1,4 +1,5 @@
-"""``longboat convert``: Hugging Face checkpoint directories to longboat exports and back."""
+"""``longboat convert``: Hugging Face checkpoint directories and LeRobot policy directories to longboat exports and
+back."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from longboat.checkpoint.export import WEIGHTS, save_export
 from longboat.config.base import ConfigError
 from longboat.data.tokenizer import TOKENIZER_FILE
 from longboat.models import hf_spec
-from longboat.recipes.artifact import check_hf_fits, export_metadata, open_artifact
+from longboat.models.policy import is_lerobot_dir, write_lerobot
+from longboat.recipes.artifact import check_hf_fits, export_metadata, open_artifact, open_lerobot
 from longboat.recipes.export import read_paths
 from longboat.utils.outputs import check_output, staged_output
 
@@ -53,4 +55,28 @@ def longboat_to_hf(
     with staged_output(output, overwrite, read_paths(source, artifact)) as stage:
         spec.hf.save(model, family, stage, artifact.config, dtype=dtype, max_shard_size=max_shard_size,
                      tokenizer_dir=tokenizer.parent if isinstance(tokenizer, Path) else None)
+    return Path(output)
+
+
+def lerobot_to_longboat(source: str | Path, output: str | Path, overwrite: bool = False) -> Path:
+    """Write our export of a LeRobot policy directory: the weights in our architecture, its processors as our
+    transform pipeline, ``policy.json`` and LeRobot's ``config.json`` (kept for the way back)."""
+    check_output(output, overwrite, [source])
+    if not is_lerobot_dir(source):
+        raise ConfigError(f"{source}: not a LeRobot policy directory (a config.json with a policy 'type' and "
+                          "'input_features')")
+    artifact = open_lerobot(Path(source))
+    return save_export(output, artifact.model, artifact.arch, artifact.config.model_dump(mode="json"),
+                       artifact.assets, extra={**export_metadata("policy", [], False), "source": str(source)},
+                       overwrite=overwrite, sources=[source])
+
+
+def longboat_to_lerobot(source: str | Path, output: str | Path, overwrite: bool = False) -> Path:
+    """Write a policy (an export, a run directory or a checkpoint; ACT) in LeRobot's layout, loadable by
+    LeRobot's ``from_pretrained`` and its processor loaders."""
+    check_output(output, overwrite, [source])
+    artifact = open_artifact(source)
+    with staged_output(output, overwrite, read_paths(source, artifact)) as stage:
+        write_lerobot(stage, artifact.arch, artifact.config.model_dump(mode="json"), artifact.model.state_dict(),
+                      artifact.assets, str(source))
     return Path(output)

@@ -1,11 +1,12 @@
 """Data commands: tokenize text into a Megatron token dataset, train a tokenizer, record and describe a robot
-dataset."""
+dataset, encode images or clips into a latent cache."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
+from longboat.data.latent_cache import LatentSourceConfig, encode_source, malformed_note, read_index
 from longboat.data.robot.check import check_dataset
 from longboat.data.robot.errors import RobotDataError
 from longboat.data.robot.meta import DatasetMeta
@@ -88,3 +89,17 @@ def record(
 
     return record_episodes(envs, episodes, output, cameras=cameras, image_size=image_size, max_steps=max_steps,
                            only_success=only_success, seed=seed, overwrite=overwrite).output
+
+
+def encode(cfg: LatentSourceConfig, vae: str, output: str, device: str = "cpu") -> Path:
+    """``longboat data encode``: the latent cache of ``cfg.source`` by the VAE at ``vae`` (an export, run or Hugging
+    Face directory, or ``ARCH:PRESET`` with seed-0 random weights), found or written under ``output``."""
+    from longboat.recipes.latent_vae import latent_encoder
+
+    encoder = latent_encoder(vae, device)
+    path, found = encode_source(cfg, encoder, output, progress=True)
+    index = read_index(path)
+    n = len(index["items"])
+    state = "unchanged, not encoded again" if found else f"encoded {n} item{'s' * (n != 1)}"
+    print(f"{path}: {state}{malformed_note(index)}", flush=True)
+    return path

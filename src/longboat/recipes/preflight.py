@@ -33,8 +33,8 @@ class Preflight:
 
 
 def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
-    """Device, mesh arithmetic, model transforms (LoRA targets), tensor- and expert-parallel fit, HF export family,
-    data against the model, resume."""
+    """Device, mesh arithmetic, model transforms (LoRA targets), tensor-, context- and expert-parallel fit, HF export
+    family, data against the model, resume."""
     cfg = resolved.cfg
     resolve_device(cfg.train.device)
     dims = resolve_dims(cfg.parallel, world_size)
@@ -43,6 +43,7 @@ def preflight(resolved: ResolvedRun, world_size: int) -> Preflight:
     if resolved.transforms or cfg.train.param_groups:
         check_param_rules(resolved)
     tp_plan = resolved.spec.tensor_parallel_plan(resolved.model, dims.tp)
+    resolved.spec.sequence_plan(resolved.model, dims.cp)
     if dims.ep > 1:
         with torch.device("meta"):
             check_expert_parallel(resolved.spec.build(resolved.model), dims.ep)

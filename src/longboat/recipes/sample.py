@@ -142,6 +142,7 @@ def sample_images(gen: Generator, labels: Condition, seeds: list[int], steps: in
     model = gen.artifact.model.to(device).eval()
     objective = gen.objective
     keys = torch.tensor([noise_key(s, 0) for s in seeds], dtype=torch.int64)
+    decode = latent_decoder(gen, device)
     out = []
     for i in range(0, len(seeds), batch_size):
         noise = keyed_normal(keys[i:i + batch_size], gen.shape).to(device)
@@ -155,8 +156,24 @@ def sample_images(gen: Generator, labels: Condition, seeds: list[int], steps: in
         else:
             scheduler = NoiseScheduler(objective["train_timesteps"], objective["prediction"], clip=1.0)
             x = scheduler.sample(fn, noise, steps)
-        out.append(x.clamp(-1, 1).float().cpu())
+        out.append((x if decode is None else decode(x)).clamp(-1, 1).float().cpu())
     return torch.cat(out)
+
+
+def latent_decoder(gen: Generator, device: torch.device | str = "cpu"):
+    """For a model trained on a latent cache: its samples to pixels by the VAE the cache was encoded with (the
+    weights checked against the hash the cache recorded); None for a pixel model."""
+    vae = gen.spec.get("vae")
+    if not vae:
+        return None
+    from longboat.recipes.latent_vae import open_vae
+
+    model, _, _, digest = open_vae(vae)
+    if gen.spec.get("vae_weights_sha256") not in (None, digest):
+        raise ConfigError(f"{gen.artifact.source}: its VAE {vae} has changed since the latents were encoded (weights "
+                          "hash differs); sampling would decode with other weights")
+    model = model.to(device)
+    return lambda z: model.decode(model.unscale_latents(z))
 
 
 def to_pil(image: torch.Tensor) -> Image.Image:
@@ -211,6 +228,8 @@ def sample(model_path: str | Path, out_dir: str | Path, classes: list[int] | Non
     images = sample_images(gen, labels, seeds, steps, cfg_scale, sampler, batch_size, device)
     scores: dict = {}
     if metrics:
+        if gen.spec.get("vae"):
+            raise ConfigError(f"--metrics: {gen.artifact.source} is a latent model; its metrics are not computed yet")
         scores = image_scores(gen, images, labels)
         scores.update({"steps": steps, "cfg": cfg_scale, "sampler": sampler, "seed": seed})
     names = gen.spec.get("classes") or []

@@ -121,6 +121,13 @@ def _run(resolved: ResolvedRun, runtime: Runtime, checked: Preflight) -> FitResu
                             spec.forward_methods)
     if resolved.source.hf is not None:
         _load_hf_weights(model, resolved.source.hf, resolved, runtime)
+    elif resolved.source.lerobot is not None:
+        from longboat.models.policy import read_lerobot  # the converters: imported where a run starts from LeRobot
+
+        every_rank = cfg.parallel.pp > 1
+        weights = [read_lerobot(resolved.source.lerobot).state_dict] if runtime.rank == 0 or every_rank else None
+        _load_weights(model, weights, runtime, every_rank)
+        console.print(f"weights from {resolved.source.lerobot}")
     elif spec.initial_weights is not None and spec.initial_weights.source(resolved.model) is not None:
         _load_initial_weights(model, resolved, runtime)
     layout = f" · mesh {mesh} ({cfg.parallel.data_parallel})" if mesh is not None else ""

@@ -29,6 +29,9 @@ class ServedExport:
                          "action_dim": self.cfg.action_dim, "n_obs_steps": self.cfg.n_obs_steps,
                          "observation_keys": list(self.wire_keys), "observation_shapes": shapes, "fps": spec.get("fps"),
                          "robot_type": spec.get("robot_type"), "tasks": spec.get("tasks", [])}
+        for key in ("n_action_steps", "temporal_ensemble_coeff"):  # how the policy's own code executes its chunks
+            if spec.get(key) is not None:
+                self.metadata[key] = spec[key]
 
     def _time_axis(self, key: str, base: int, shape: list[int]) -> None:
         n = self.cfg.n_obs_steps

@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch.utils.data import Dataset
 
 from longboat.config.base import ConfigError
 
@@ -98,3 +99,29 @@ def _read(folder: Path, unique: list[str]) -> CaptionTable:
         raise ConfigError(f"{folder}: the caption cache does not hold the captions its name promises; delete the "
                           "folder to encode again")
     return CaptionTable(unique, torch.cat([s["embeddings"] for s in shards]), torch.cat([s["mask"] for s in shards]))
+
+
+def default_cache_dir(source: str) -> Path:
+    """Caption caches beside a source file or folder, else (a named source) in the user's cache folder."""
+    path = Path(source)
+    if path.exists():
+        return (path.parent if path.is_file() else path) / "text_cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longboat" / "text_embeddings"
+
+
+class Captioned(Dataset):
+    """The items of ``samples`` (images, latents or any positioned set) with their caption's embeddings and mask,
+    ``text`` [L, D] and ``text_mask`` [L], from ``table``."""
+
+    positioned = True  # the loader calls __getitem__((row, position)), passed on to ``samples``
+
+    def __init__(self, samples: Dataset, captions: list[str], table: CaptionTable):
+        self.samples, self.table, self.rows = samples, table, table.rows(captions)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int | tuple[int, int]) -> dict:
+        row = index[0] if isinstance(index, tuple) else index
+        i = self.rows[row]
+        return {**self.samples[index], "text": self.table.embeddings[i], "text_mask": self.table.mask[i]}

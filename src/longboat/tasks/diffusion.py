@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -34,8 +33,9 @@ from longboat.models.generative import flow_matching as fm
 from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform, noise_key
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
-from longboat.tasks.caption_cache import CaptionTable, caption_table
+from longboat.tasks.caption_cache import Captioned, CaptionTable, caption_table, default_cache_dir
 from longboat.tasks.text_encoder import TextEncoder, TextEncoderConfig
+from longboat.tasks.diffusion_latents import LatentSamples, latent_spec, open_latent_split
 from longboat.utils.registry import Registry
 
 SPEC_FILE = "diffusion.json"
@@ -91,6 +91,16 @@ class DiffusionDataConfig(ImageSourceConfig):
     eval_buckets: int = Field(default=4, ge=0, description="validation loss in this many equal time buckets")
     text_encoder: TextEncoderConfig | None = Field(default=None, description="condition on captions embedded by "
                                                    "this decoder (None: on class labels)")
+    source: str = Field(default="", description="'digits', 'shapes', a folder of class subfolders, or a .jsonl / "
+                                                ".parquet file of rows; '' with data.latents")
+    latents: str | None = Field(default=None, description="a latent cache directory (`longboat data encode`): train "
+                                                          "on its latents instead of data.source's pixels")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DiffusionDataConfig:
+        if bool(self.source) == bool(self.latents):
+            raise ValueError("set one of data.source (pixels) and data.latents (a latent cache directory)")
+        return self
 
 
 # ---- per-time loss weights -------------------------------------------------------------------------------------
@@ -122,26 +132,20 @@ def min_snr_weight(snr: torch.Tensor, x0_factor: torch.Tensor, gamma: float) -> 
 
 # ---- samples -------------------------------------------------------------------------------------------------------
 class ImageSamples(Dataset):
-    """Images with their labels (or caption embeddings and masks, ``text`` and ``text_mask``, with a caption table)
-    and the ``noise_key`` of their position in the job's sample stream."""
+    """Images with their labels and the ``noise_key`` of their position in the job's sample stream."""
 
     positioned = True  # the loader calls __getitem__((row, position))
 
-    def __init__(self, images: ImageSet, seed: int, table: CaptionTable | None = None):
-        self.images, self.seed, self.table = images, seed, table
-        self.rows = table.rows(images.captions) if table is not None else None
+    def __init__(self, images: ImageSet, seed: int):
+        self.images, self.seed = images, seed
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int | tuple[int, int]) -> dict:
         row, position = index if isinstance(index, tuple) else (index, index)
-        item = {"image": self.images.images[row], "label": self.images.labels[row],
+        return {"image": self.images.images[row], "label": self.images.labels[row],
                 "noise_key": torch.tensor(noise_key(self.seed, position), dtype=torch.int64)}
-        if self.table is not None:
-            i = self.rows[row]
-            item.update(text=self.table.embeddings[i], text_mask=self.table.mask[i])
-        return item
 
 
 # ---- the objective ------------------------------------------------------------------------------------------------
@@ -238,17 +242,6 @@ def bucket_losses(per_sample, model, x0, cond, keys, objective: Objective, bucke
 
 
 # ---- the task -------------------------------------------------------------------------------------------------------
-def default_cache_dir(data: DiffusionDataConfig) -> Path:
-    """Caption caches beside a source file or folder, else in the user's cache folder."""
-    if data.text_encoder is not None and data.text_encoder.cache_dir:
-        return Path(data.text_encoder.cache_dir)
-    source = Path(data.source)
-    if source.exists():
-        return (source.parent if source.is_file() else source) / "text_cache"
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "longboat" / "text_embeddings"
-
-
 @register_task("diffusion")
 class DiffusionTask(Task):
     """Class- or text-conditional image generation by flow matching or DDPM."""
@@ -268,8 +261,16 @@ class DiffusionTask(Task):
 
     def images(self) -> tuple[ImageSet, ImageSet | None]:
         if self._split is None:
-            self._split = open_split(self.data)
+            self._split = open_latent_split(self.data.latents, self.data.valid_fraction, self.data.split_seed) \
+                if self.data.latents else open_split(self.data)
         return self._split
+
+    def _shape(self) -> tuple[int, int]:
+        """(channels, side) of what the model makes: the data's images, or the cache's latents."""
+        if self.data.latents:
+            latents = self.images()[0]
+            return latents.channels, int(latents.mean.shape[-1])
+        return self.data.channels, self.data.image_size
 
     def _classes(self) -> list[str]:
         return self.images()[0].classes
@@ -287,7 +288,8 @@ class DiffusionTask(Task):
         self._reads_classes = "num_classes" in getattr(config, "model_fields", {})
 
     def configure_model(self, fields: dict) -> dict:
-        found = {"image_size": self.data.image_size, "in_channels": self.data.channels}
+        channels, size = self._shape()
+        found = {"image_size": size, "in_channels": channels}
         if self.text_encoder is not None:
             if not self._reads_text:
                 raise ConfigError("data.text_encoder: the model's config declares no text_dim, it reads no text; "
@@ -295,15 +297,16 @@ class DiffusionTask(Task):
             found["text_dim"] = self.text_encoder.hidden_size
         elif self._reads_classes:
             found["num_classes"] = len(self._classes())
-        return fill_from_data(fields, found, self.data.source if self.text_encoder is None else
-                              f"{self.data.source} and data.text_encoder")
+        where = self.data.latents or self.data.source
+        return fill_from_data(fields, found, where if self.text_encoder is None else f"{where} and data.text_encoder")
 
     def check(self, model_cfg) -> None:
         cfg = require_image_generator(model_cfg, "diffusion")
-        if cfg.image_size != self.data.image_size or cfg.in_channels != self.data.channels:
+        channels, size = self._shape()
+        if cfg.image_size != size or cfg.in_channels != channels:
+            what = "data.latents' latents" if self.data.latents else "(data.channels, data.image_size)"
             raise ConfigError(f"model: makes {cfg.in_channels}×{cfg.image_size}×{cfg.image_size} images, the data "
-                              f"{self.data.channels}×{self.data.image_size}×{self.data.image_size} "
-                              "(data.channels, data.image_size)")
+                              f"{channels}×{size}×{size} {what}")
         condition = generator_condition(cfg)
         encoder = self.text_encoder
         if condition.kind == "class":
@@ -313,7 +316,7 @@ class DiffusionTask(Task):
             classes = len(self._classes())
             if cfg.num_classes < classes:
                 raise ConfigError(f"model.num_classes={cfg.num_classes} is below the {classes} classes of "
-                                  f"{self.data.source}")
+                                  f"{self.data.latents or self.data.source}")
             return
         if encoder is None:
             raise ConfigError(f"model: {type(cfg).__name__} is conditioned on text (text_dim={condition.text_dim}); "
@@ -323,14 +326,16 @@ class DiffusionTask(Task):
             raise ConfigError(f"data.text_encoder: its hidden size is {encoder.hidden_size}, model.text_dim is "
                               f"{condition.text_dim}; they must match")
         if self.images()[0].captions is None:
-            raise ConfigError(f"data.source: {self.data.source} has no captions (column '{self.data.caption_key}', "
-                              "data.caption_key); data.text_encoder needs one per image")
+            where = f"data.latents: {self.data.latents}" if self.data.latents else f"data.source: {self.data.source}"
+            raise ConfigError(f"{where} has no captions (column '{self.data.caption_key}', data.caption_key); "
+                              "data.text_encoder needs one per image")
 
     def captions(self) -> CaptionTable:
         """The caption table of every image, read from the cache or encoded once into it."""
         train, valid = self.images()
         captions = list(train.captions) + (list(valid.captions) if valid is not None else [])
-        return caption_table(self.text_encoder, captions, default_cache_dir(self.data))
+        cache_dir = self.data.text_encoder.cache_dir or default_cache_dir(self.data.latents or self.data.source)
+        return caption_table(self.text_encoder, captions, cache_dir)
 
     def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
         self.check(model_cfg)
@@ -351,8 +356,12 @@ class DiffusionTask(Task):
             summary["classes"] = len(train.classes)
         if train.malformed:
             summary["unreadable_images"] = len(train.malformed)
-        return TaskData(ImageSamples(train, seed, table),
-                        ImageSamples(valid, seed, table) if valid is not None else None, loss, summary)
+        samples = LatentSamples if self.data.latents else ImageSamples
+        train_set, valid_set = samples(train, seed), samples(valid, seed) if valid is not None else None
+        if table is not None:
+            train_set = Captioned(train_set, train.captions, table)
+            valid_set = Captioned(valid_set, valid.captions, table) if valid_set is not None else None
+        return TaskData(train_set, valid_set, loss, summary)
 
     def flops_per_unit(self, model_cfg) -> float | None:
         flops = getattr(model_cfg, "flops_per_sample", None)
@@ -375,6 +384,8 @@ class DiffusionTask(Task):
                     encoder[key] = str(Path(encoder[key]).resolve())
             spec.update(num_classes=0, text_dim=condition.text_dim, text_encoder=encoder,
                         text_encoder_fingerprint=self.text_encoder.fingerprint())
+        if self.data.latents:
+            spec.update(latent_spec(self.images()[0]))
         return (json.dumps(spec, indent=2) + "\n").encode()
 
     def state_dict(self) -> dict[str, torch.Tensor]:

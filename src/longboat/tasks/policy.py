@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -28,9 +29,10 @@ from longboat.distributed.loss import LossFn, LossOutput, unwrap
 from longboat.models.policy.base import PolicyConfig, observation_keys
 from longboat.models.policy.manifest import POLICY_SPEC, POLICY_SPEC_VERSION
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
-from longboat.tasks.policy_data import PolicyWindows, delta_timestamps
+from longboat.tasks.policy_data import BatchTransforms, PolicyWindows, delta_timestamps
 from longboat.tasks.pretrain import tokenizer_assets
 from longboat.trainer.optim import ParamGroup
+from longboat.utils.device import resolve_device
 from longboat.utils.logging import console
 
 _STATE_PREFIX = "asset/"  # task state: each export asset's bytes as a uint8 tensor
@@ -48,8 +50,15 @@ class PolicyDataConfig(StrictModel):
     epoch_run: int = Field(default=1, ge=1, description=(
         "neighbouring frames the shuffled epochs keep together: >1 decodes the video frames their windows share "
         "once, at the cost of batches drawn from fewer episodes"))
+    transforms_on: Literal["auto", "device", "workers"] = Field(default="auto", description=(
+        "where the transforms run: 'workers' (the loader's, sample by sample), 'device' (cameras leave the workers "
+        "as uint8; the batch is converted to float and transformed on the training device, with the same keyed "
+        "draws), 'auto' (the device when training on an accelerator, else the workers)"))
     max_prompt_len: int | None = Field(default=None, gt=0,
                                        description="prompt tokens per sample; null: the model's max_prompt_len")
+    stats: dict[str, dict[str, list]] | None = Field(
+        default=None, description="feature -> statistic -> values replacing the dataset's (an imported policy's "
+        "own normalisation: model.lerobot sets them, so a resumed run needs the policy's directory no more)")
 
     @model_validator(mode="after")
     def _one_split(self):
@@ -71,6 +80,8 @@ class PolicyTask(Task):
         super().__init__(data)
         self._meta: DatasetMeta | None = None
         self._assets: dict[str, bytes] | None = None  # set by build, or by a checkpoint's task state
+        #: set by build on the device path: the transforms of training and evaluation batches, which the loss runs
+        self.batch_transforms: tuple[BatchTransforms, BatchTransforms] | None = None
 
     # ---- the dataset -------------------------------------------------------------------------------------------
     @property
@@ -111,13 +122,15 @@ class PolicyTask(Task):
         return train, valid
 
     def pipeline(self, train: bool, seed: int = 0) -> Pipeline:
-        return Pipeline.from_config(self.data.transforms, self.meta.stats or {}, source=self.data.path + " stats",
+        stats = {**(self.meta.stats or {}), **(self.data.stats or {})}
+        return Pipeline.from_config(self.data.transforms, stats, source=self.data.path + " stats",
                                     prefix="data.transforms", seed=seed, train=train)
 
-    def _frames(self, cfg: PolicyConfig, episodes: list[int]) -> RobotDataset:
+    def _frames(self, cfg: PolicyConfig, episodes: list[int], image_dtype: str = "float32") -> RobotDataset:
         try:
             return RobotDataset(self.data.path, delta_timestamps(cfg, self.meta.fps), episodes,
-                                cameras=list(cfg.image_features), epoch_run=self.data.epoch_run, meta=self.meta)
+                                cameras=list(cfg.image_features), image_dtype=image_dtype,
+                                epoch_run=self.data.epoch_run, meta=self.meta)
         except RobotDataError as e:
             raise ConfigError(f"data.path: {e}") from None
 
@@ -212,18 +225,34 @@ class PolicyTask(Task):
         return PromptTokens(tok, length)
 
     # ---- data and loss -----------------------------------------------------------------------------------------
+    def transforms_on_device(self, train_cfg) -> bool:
+        """``data.transforms_on`` resolved: ``auto`` is the device when the run trains on an accelerator."""
+        if self.data.transforms_on == "auto":
+            return resolve_device(train_cfg.device).type != "cpu"
+        return self.data.transforms_on == "device"
+
     def build(self, model_cfg: PolicyConfig, train_cfg, seed: int, dp_size: int) -> TaskData:
         train_eps, valid_eps = self._split(seed)
         prompts = self._prompt_tokens(model_cfg)
-        train = PolicyWindows(self._frames(model_cfg, train_eps), self.pipeline(train=True, seed=seed), model_cfg,
-                              seed, prompts)
+        on_device = self.transforms_on_device(train_cfg)
+        image_dtype = "uint8" if on_device else "float32"
+
+        def windows(episodes: list[int], training: bool) -> PolicyWindows:
+            return PolicyWindows(self._frames(model_cfg, episodes, image_dtype), self.pipeline(training, seed),
+                                 model_cfg, seed, prompts, transform=not on_device)
+
+        train = windows(train_eps, True)
         valid = None
         if valid_eps:
-            valid = PolicyWindows(self._frames(model_cfg, valid_eps), self.pipeline(train=False), model_cfg, seed,
-                                  prompts)
+            valid = windows(valid_eps, False)
             if len(valid) < train_cfg.micro_batch_size * dp_size:
                 raise ConfigError(f"data: the validation episodes hold {len(valid)} frames, fewer than one "
                                   f"micro-batch on every rank ({train_cfg.micro_batch_size} × {dp_size})")
+        on_batch = None
+        if on_device:
+            on_batch = (BatchTransforms(train.pipeline, model_cfg, train.frames.to_float),
+                        BatchTransforms(self.pipeline(train=False), model_cfg, train.frames.to_float))
+        self.batch_transforms = on_batch
         pipeline = self.pipeline(train=False)
         self._assets = {**pipeline_assets(pipeline), POLICY_SPEC: self._policy_spec(model_cfg)}
         if prompts is not None:  # a served policy tokenizes its prompts as training did
@@ -231,7 +260,9 @@ class PolicyTask(Task):
             self._assets.update({name: path.read_bytes() for name, path in files.items()})
         summary = {"train_episodes": len(train_eps), "train_frames": len(train), "valid_episodes": len(valid_eps),
                    "valid_frames": len(valid) if valid is not None else 0}
-        return TaskData(train, valid, make_policy_loss(pipeline, model_cfg, self._action_names(model_cfg)), summary)
+        summary["transforms_on"] = "device" if on_device else "workers"
+        loss = make_policy_loss(pipeline, model_cfg, self._action_names(model_cfg), on_batch)
+        return TaskData(train, valid, loss, summary)
 
     def _action_names(self, cfg: PolicyConfig) -> list[str]:
         """A name per action dimension: the dataset's ``names`` when it lists one per dimension, else indices."""
@@ -297,10 +328,15 @@ class PolicyTask(Task):
         return dict(self._assets)
 
 
-def make_policy_loss(pipeline: Pipeline, cfg: PolicyConfig, action_names: list[str]) -> LossFn:
-    """The policy's summed per-sample loss; in evaluation also the action error in robot units."""
+def make_policy_loss(pipeline: Pipeline, cfg: PolicyConfig, action_names: list[str],
+                     on_batch: tuple[BatchTransforms, BatchTransforms] | None = None) -> LossFn:
+    """The policy's summed per-sample loss; in evaluation also the action error in robot units. ``on_batch``: the
+    transforms of training and of evaluation batches, when they run here on the device rather than in the workers
+    (the model's mode says which batch this is)."""
 
     def policy_loss(model: torch.nn.Module, batch: dict) -> LossOutput:
+        if on_batch is not None:
+            batch = on_batch[0 if model.training else 1](batch)
         out = model(batch)
         loss = out["loss"]
         n = loss.shape[0]
@@ -318,11 +354,12 @@ def action_errors(policy, batch: dict, pipeline: Pipeline, cfg: PolicyConfig,
     """Mean absolute error of ``predict``'s chunk over the real steps, in robot units: overall and per dimension."""
     obs = {k: v for k, v in batch.items() if k not in (cfg.action_feature, "action_is_pad")}
     pred = policy.predict(obs, noise_key=batch["noise_key"]).float()
+    first = batch[cfg.action_feature].shape[1] - pred.shape[1]  # a chunk predicted from a later step (first_action)
     context = {cfg.state_feature: batch[cfg.state_feature]} if cfg.state_feature is not None else {}
     robot_pred = pipeline.unapply({**context, cfg.action_feature: pred})[cfg.action_feature]
-    target = batch[cfg.action_feature].float()
+    target = batch[cfg.action_feature][:, first:].float()
     robot_true = pipeline.unapply({**context, cfg.action_feature: target})[cfg.action_feature]
-    real = (~batch["action_is_pad"]).float().unsqueeze(-1)  # [B, H, 1]
+    real = (~batch["action_is_pad"][:, first:]).float().unsqueeze(-1)  # [B, H, 1]
     per_dim = ((robot_pred - robot_true).abs() * real).sum(1) / real.sum(1).clamp(min=1)  # [B, A]
     per_dim = per_dim.mean(0)
     return {"action_mae": per_dim.mean(), **{f"action_mae/{name}": v for name, v in zip(action_names, per_dim)}}

@@ -27,7 +27,8 @@ def tokens_with_images(B=2, T=24, runs=((0, 2, 4), (1, 9, 4))):
     return tokens, torch.tensor([[row, start] for row, start, _ in runs])
 
 
-@pytest.mark.parametrize("projector, per_image", [({"kind": "mlp"}, 16), ({"kind": "patch_merger"}, 4)])
+@pytest.mark.parametrize("projector, per_image", [({"kind": "mlp"}, 16), ({"kind": "patch_merger"}, 4),
+                                                  ({"kind": "pixel_shuffle"}, 4)])
 def test_image_token_counts_follow_the_geometry(projector, per_image):
     cfg = vlm_config(projector=projector)
     assert cfg.image_tokens(300, 200) == per_image  # any size is resized to the tower's square
@@ -152,6 +153,8 @@ def test_spec_parts():
 
 @pytest.mark.parametrize("change, message", [
     ({"projector": {"kind": "patch_merger"}, "vision": QWEN}, "merges its own"),
+    ({"projector": {"kind": "pixel_shuffle"}, "vision": QWEN}, "merges its own"),
+    ({"projector": {"kind": "pixel_shuffle", "merge_size": 3}}, "must divide the 4 patches"),
     ({"image_token_id": 64}, "image_token_id (64) must be below language.vocab_size (64)"),
     ({"projector": {"kind": "patch_merger", "merge_size": 3}}, "must divide the 4 patches"),
     ({"language": {"arch": "mlp", "preset": "tiny"}}, "language.arch 'mlp' cannot read image features"),

@@ -16,6 +16,7 @@ from PIL import Image
 
 from longboat.data.images.decode import rgb_image
 from longboat.data.images.qwen_vl import QwenVLImageConfig, QwenVLImageProcessor
+from longboat.data.images.smolvlm import smolvlm_pixels
 
 
 class ImageProcessor(Protocol):
@@ -46,6 +47,21 @@ class SquareImages:
 
     def empty(self) -> dict[str, torch.Tensor]:
         return {"images": torch.zeros(0, 3, self.size, self.size)}
+
+
+class SmolVLMImages(SquareImages):
+    """SmolVLM's preprocessing without tiles (``smolvlm.py``): the longest edge to ``longest_edge``, then the
+    ``size`` square, both Lanczos; ``images`` [n, 3, size, size]."""
+
+    def __init__(self, size: int, patch_size: int, merge_size: int, longest_edge: int, mean: tuple, std: tuple):
+        super().__init__(size, patch_size, merge_size, mean, std)
+        self.longest_edge = longest_edge
+
+    def __call__(self, images: list[Any]) -> dict[str, torch.Tensor]:
+        out = np.empty((len(images), 3, self.size, self.size), dtype=np.float32)
+        for i, image in enumerate(images):
+            out[i] = smolvlm_pixels(image, self.size, self.longest_edge, self.mean, self.std, f"image {i}")
+        return {"images": torch.from_numpy(out)}
 
 
 class QwenImages:

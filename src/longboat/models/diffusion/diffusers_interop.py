@@ -44,6 +44,21 @@ class DiffusersFormat:
 
 
 Rules = list[tuple[re.Pattern, str]]  # (a full-name regex with named groups, the target name's format string)
+_FIELDS = {"i": r"\d+", "j": r"\d+", "p": "weight|bias"}  # block index, inner index, parameter
+
+
+def name_pattern(template: str) -> re.Pattern:
+    """A whole-name regex from a template such as ``blocks.{i}.attn.{p}``: ``{i}``/``{j}`` match an index and
+    ``{p}`` ``weight`` or ``bias``, captured under those names for the target's format string."""
+    pattern = re.escape(template)
+    for key, part in _FIELDS.items():
+        pattern = pattern.replace(rf"\{{{key}\}}", f"(?P<{key}>{part})")
+    return re.compile(pattern + r"\Z")
+
+
+def rules(pairs: list[tuple[str, str]]) -> Rules:
+    """Renaming rules from (source template, target template) pairs."""
+    return [(name_pattern(source), target) for source, target in pairs]
 
 
 def rename(name: str, rules: Rules) -> str | None:

@@ -57,7 +57,8 @@ class VAEConfig(StrictModel):
 
 @dataclass
 class DiagonalGaussian:
-    """The encoder's posterior over latents [B, latent_channels, h, w]; ``logvar`` is clamped to [-30, 20]."""
+    """The encoder's posterior over latents [B, latent_channels, h, w] (or [B, z_dim, T, h, w] for video);
+    ``logvar`` is clamped to [-30, 20]."""
 
     mean: torch.Tensor
     logvar: torch.Tensor
@@ -74,7 +75,8 @@ class DiagonalGaussian:
 
     def kl(self) -> torch.Tensor:
         """KL divergence to the standard normal, summed over each sample's latents: [B]."""
-        return 0.5 * (self.mean.square() + self.logvar.exp() - 1.0 - self.logvar).sum(dim=(1, 2, 3))
+        dims = tuple(range(1, self.mean.ndim))
+        return 0.5 * (self.mean.square() + self.logvar.exp() - 1.0 - self.logvar).sum(dim=dims)
 
 
 class ResnetBlock(nn.Module):

@@ -5,11 +5,10 @@ a written config leaves them at diffusers' defaults."""
 
 from __future__ import annotations
 
-import re
 
 import torch
 
-from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state
+from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state, rules
 from longboat.models.diffusion.vae import AutoencoderKL, VAEConfig
 from longboat.models.llm.hf.adapter import HFConversionError
 
@@ -44,19 +43,12 @@ def _names() -> list[tuple[str, str]]:
     return names
 
 
-def _regex(template: str) -> re.Pattern:
-    pattern = re.escape(template)
-    for key, part in (("i", r"\d+"), ("j", r"\d+"), ("p", "weight|bias")):
-        pattern = pattern.replace(rf"\{{{key}\}}", f"(?P<{key}>{part})")
-    return re.compile(pattern + r"\Z")
-
-
-_TO_THEIRS = [(_regex(ours), theirs) for ours, theirs in _names()]
+_TO_THEIRS = rules(_names())
 # Checkpoints saved before diffusers renamed its attention layers name them query/key/value/proj_attn.
 _LEGACY = [(f"{side}.mid_block.attentions.0.{old}.{{p}}", f"{side}.mid.attn.{new}.{{p}}")
            for side in ("encoder", "decoder")
            for old, new in (("query", "q"), ("key", "k"), ("value", "v"), ("proj_attn", "o"))]
-_TO_OURS = [(_regex(theirs), ours) for ours, theirs in _names()] + [(_regex(a), b) for a, b in _LEGACY]
+_TO_OURS = rules([(theirs, ours) for ours, theirs in _names()] + _LEGACY)
 
 
 def config_from_diffusers(d: dict, source: str = "config.json") -> dict:

@@ -89,6 +89,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).type_as(x)
 
 
+class AttentionCore(nn.Module):
+    """Scaled dot-product attention over token-major queries, keys and values [B, N, H, D] -> [B, N, H, D]: a
+    module of its own so that context parallelism can exchange heads for tokens around it."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` [B, 1, 1, L]: True where a key is attended (cross-attention to padded text)."""
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        return out.transpose(1, 2)
+
+
 class Attention(nn.Module):
     """Multi-head attention with RMS-normalised queries and keys (over all heads at once, as Wan normalises them);
     self-attention with rotary positions, or cross-attention to a context."""
@@ -100,6 +111,7 @@ class Attention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
         self.q_norm = nn.RMSNorm(h, eps=cfg.eps)
         self.k_norm = nn.RMSNorm(h, eps=cfg.eps)
+        self.core = AttentionCore()
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -111,8 +123,9 @@ class Attention(nn.Module):
         v = self.v(kv).unflatten(-1, (self.num_heads, -1))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        return self.o(out.transpose(1, 2).flatten(2))
+        if mask is None:  # context parallelism wraps the self-attention core, which takes no mask
+            return self.o(self.core(q, k, v).flatten(2))
+        return self.o(self.core(q, k, v, mask).flatten(2))
 
 
 class WanBlock(nn.Module):

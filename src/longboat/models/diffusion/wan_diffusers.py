@@ -4,11 +4,10 @@ key/value projections) has no counterpart and fails naming its option."""
 
 from __future__ import annotations
 
-import re
 
 import torch
 
-from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state
+from longboat.models.diffusion.diffusers_interop import DiffusersFormat, rename, rename_state, rules
 from longboat.models.diffusion.wan import Wan, WanConfig
 from longboat.models.llm.hf.adapter import HFConversionError
 
@@ -41,13 +40,8 @@ _NAMES = [  # ours -> diffusers ({i}: a block index)
 ]
 
 
-def _regex(template: str) -> re.Pattern:
-    return re.compile(re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
-                      + r"\Z")
-
-
-_TO_THEIRS = [(_regex(ours), theirs) for ours, theirs in _NAMES]
-_TO_OURS = [(_regex(theirs), ours) for ours, theirs in _NAMES]
+_TO_THEIRS = rules(_NAMES)
+_TO_OURS = rules([(theirs, ours) for ours, theirs in _NAMES])
 
 
 def config_from_diffusers(d: dict, source: str = "config.json") -> dict:

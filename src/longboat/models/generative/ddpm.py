@@ -7,9 +7,11 @@ its initial noise.
 Inference timesteps are spaced from the noisy end ("trailing"), so the first step starts at t = T - 1 where the
 initial noise is what training saw.
 
-Two settings serve models trained elsewhere (DiT's checkpoints, diffusers' ``DDIMScheduler`` defaults):
-``beta_schedule="linear"`` (DDPM's betas, evenly from 1e-4 to 0.02) and ``spacing="leading"`` (timesteps multiples
-of T // steps from 0 up, the first step at T - T // steps).
+Settings serve models trained elsewhere (DiT's checkpoints, diffusers' ``DDIMScheduler`` and ``DDPMScheduler``
+defaults): ``beta_schedule="linear"`` (DDPM's betas, evenly from 1e-4 to 0.02), ``spacing="leading"`` (timesteps
+multiples of T // steps from 0 up, the first step at T - T // steps), ``float32_tables`` (betas and their cumulative
+products in float32, as diffusers keeps them) and ``sampler="ddpm"``: DDPM's ancestral steps with the "fixed small"
+variance, each step but the last adding fresh noise.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class NoiseScheduler:
     """
 
     def __init__(self, train_timesteps: int, prediction: str = "epsilon", clip: float | None = 1.0,
-                 beta_schedule: str = "squaredcos_cap_v2", spacing: str = "trailing"):
+                 beta_schedule: str = "squaredcos_cap_v2", spacing: str = "trailing", float32_tables: bool = False,
+                 sampler: str = "ddim"):
         if beta_schedule not in BETA_SCHEDULES:
             raise ValueError(f"beta_schedule {beta_schedule!r} is not one of {', '.join(BETA_SCHEDULES)}")
         if spacing not in SPACINGS:
@@ -63,7 +66,11 @@ class NoiseScheduler:
         self.prediction = prediction
         self.clip = clip
         self.spacing = spacing
-        self.alphas_cumprod = torch.cumprod(1 - BETA_SCHEDULES[beta_schedule](train_timesteps), dim=0)
+        if sampler not in ("ddim", "ddpm"):
+            raise ValueError(f"sampler {sampler!r} is not ddim or ddpm")
+        self.sampler = sampler
+        betas = BETA_SCHEDULES[beta_schedule](train_timesteps)
+        self.alphas_cumprod = torch.cumprod(1 - (betas.float() if float32_tables else betas), dim=0)
 
     def _alpha_bar(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """alphas_cumprod at timesteps ``t`` [B] (t < 0: 1, the clean end), shaped to broadcast over ``like``."""
@@ -115,11 +122,43 @@ class NoiseScheduler:
             x0 = x0.clamp(-self.clip, self.clip)
         return a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
 
+    def ddpm_step(self, output: torch.Tensor, t: int, t_prev: int, x_t: torch.Tensor,
+                  noise: torch.Tensor | None) -> torch.Tensor:
+        """One DDPM step from ``x_t`` at ``t`` to ``t_prev`` (-1: the clean sample): the posterior mean, plus the
+        "fixed small" standard deviation times ``noise`` (None on the last step). Epsilon or sample prediction."""
+        batch = x_t.shape[0]
+        a_t = self._alpha_bar(torch.full((batch,), t, device=x_t.device), x_t)
+        a_prev = self._alpha_bar(torch.full((batch,), t_prev, device=x_t.device), x_t)
+        beta_t, beta_prev = 1 - a_t, 1 - a_prev
+        alpha_step = a_t / a_prev
+        beta_step = 1 - alpha_step
+        if self.prediction == "epsilon":
+            x0 = (x_t - beta_t ** 0.5 * output) / a_t ** 0.5
+        elif self.prediction == "sample":
+            x0 = output
+        else:
+            raise ValueError("the DDPM sampler reads epsilon or sample predictions")
+        if self.clip is not None:
+            x0 = x0.clamp(-self.clip, self.clip)
+        mean = (a_prev ** 0.5 * beta_step) / beta_t * x0 + alpha_step ** 0.5 * beta_prev / beta_t * x_t
+        if noise is None:
+            return mean
+        variance = (beta_prev / beta_t * beta_step).clamp(min=1e-20)
+        return mean + variance ** 0.5 * noise
+
     def sample(self, denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], noise: torch.Tensor,
-               steps: int) -> torch.Tensor:
-        """Denoise ``noise`` [B, ...] in ``steps`` DDIM steps; ``denoise(x_t, t [B])`` is the network."""
+               steps: int, step_noise: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
+        """Denoise ``noise`` [B, ...] in ``steps`` steps; ``denoise(x_t, t [B])`` is the network. The DDPM sampler
+        draws its per-step noise from ``step_noise(i)`` (i = 0, 1, ... for every step but the last, in order)."""
         x = noise
         timesteps = self.inference_timesteps(steps)
-        for t, t_prev in zip(timesteps, timesteps[1:] + [-1]):
-            x = self.step(denoise(x, torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)), t, t_prev, x)
+        for i, (t, t_prev) in enumerate(zip(timesteps, timesteps[1:] + [-1])):
+            out = denoise(x, torch.full((x.shape[0],), t, device=x.device, dtype=torch.long))
+            if self.sampler == "ddpm":
+                fresh = None
+                if t > 0:
+                    fresh = step_noise(i) if step_noise is not None else torch.randn_like(x)
+                x = self.ddpm_step(out, t, t_prev, x, fresh)
+            else:
+                x = self.step(out, t, t_prev, x)
         return x

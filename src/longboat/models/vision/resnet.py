@@ -2,7 +2,9 @@
 
 Basic blocks only (ResNet-18/34 shapes). Normalisation is GroupNorm by default: batch statistics would tie a
 sample's features to its batch mates, which breaks data-parallel equivalence and small-batch training (Diffusion
-Policy makes the same swap); ``norm: batch`` keeps the original for users who want it.
+Policy makes the same swap); ``norm: batch`` keeps the original for users who want it, and ``norm: frozen_batch``
+is batch norm with fixed statistics and affine terms (torchvision's ``FrozenBatchNorm2d``, as DETR and ACT build
+their backbones): a per-channel affine map, so samples stay independent.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ class ResNetConfig(StrictModel):
     in_channels: int = Field(default=3, gt=0)
     widths: list[int] = Field(default=[64, 128, 256, 512], min_length=1, description="channels of each stage")
     blocks: list[int] = Field(default=[2, 2, 2, 2], min_length=1, description="basic blocks per stage")
-    norm: Literal["group", "batch"] = "group"
+    norm: Literal["group", "batch", "frozen_batch"] = "group"
     groups: int = Field(default=16, gt=0, description="GroupNorm groups (each width must divide by it)")
+    group_size: int | None = Field(default=None, gt=0, description="channels per GroupNorm group, overriding "
+                                   "groups (16: torchvision-style GroupNorm(C // 16, C), as Diffusion Policy builds)")
     stem_stride: int = Field(default=4, ge=1, description="4: 7x7/2 convolution then 3x3/2 max pool, as ResNet")
 
     @property
@@ -34,9 +38,37 @@ class ResNetConfig(StrictModel):
         return self.stem_stride * 2 ** (len(self.widths) - 1)
 
 
+class FrozenBatchNorm2d(nn.Module):
+    """Batch norm in evaluation form whose statistics and affine terms are buffers, never trained: ``x * scale +
+    shift`` with ``scale = weight / sqrt(running_var + eps)``, computed as torchvision does (same rounding)."""
+
+    def __init__(self, channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(channels))
+        self.register_buffer("bias", torch.zeros(channels))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+
+    def reset_parameters(self) -> None:
+        for name, value in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
+            getattr(self, name).fill_(value)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.weight.reshape(1, -1, 1, 1) * (self.running_var.reshape(1, -1, 1, 1) + self.eps).rsqrt()
+        shift = self.bias.reshape(1, -1, 1, 1) - self.running_mean.reshape(1, -1, 1, 1) * scale
+        return x * scale + shift
+
+
 def _norm(cfg: ResNetConfig, channels: int) -> nn.Module:
+    if cfg.norm == "frozen_batch":
+        return FrozenBatchNorm2d(channels)
     if cfg.norm == "batch":
         return nn.BatchNorm2d(channels)
+    if cfg.group_size is not None:
+        if channels % cfg.group_size:
+            raise ValueError(f"width {channels} is not divisible by group_size={cfg.group_size}")
+        return nn.GroupNorm(channels // cfg.group_size, channels)
     if channels % cfg.groups:
         raise ValueError(f"width {channels} is not divisible by groups={cfg.groups}")
     return nn.GroupNorm(cfg.groups, channels)

@@ -8,11 +8,12 @@ import torch
 from pydantic import Field, model_validator
 
 from longboat.config.base import StrictModel, deep_merge
-from longboat.data.images.processors import QwenImages, SquareImages
+from longboat.data.images.processors import QwenImages, SmolVLMImages, SquareImages
 from longboat.data.images.qwen_vl import QwenVLImageConfig
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.registry import get_model
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionConfig
+from longboat.models.vision.siglip import SigLIPConfig
 from longboat.models.vision.vit import ViTConfig
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -56,19 +57,36 @@ class QwenTower(Qwen2_5_VisionConfig):
         return self.out_dim
 
 
-VisionTower = Annotated[Union[ViTTower, QwenTower], Field(discriminator="arch")]
+class SigLIPTower(SigLIPConfig):
+    """SigLIP's tower as SmolVLM uses it (``models/vision/siglip.py``): full-size square images of ``image_size``
+    pixels (resized so), normed features, one per patch."""
+
+    arch: Literal["siglip"] = "siglip"
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    longest_edge: int | None = Field(default=None, gt=0, description="SmolVLM's preprocessing first resizes an "
+                                     "image's longest edge to this (its size.longest_edge); None: 4 × image_size")
+
+    @property
+    def feature_dim(self) -> int:
+        return self.d_model
+
+
+VisionTower = Annotated[Union[ViTTower, QwenTower, SigLIPTower], Field(discriminator="arch")]
+SQUARE_TOWERS = ("vit", "siglip")  # towers reading fixed-size square images, one feature per patch
 
 
 class ProjectorConfig(StrictModel):
     """Tower features to the decoder's width. ``mlp``: two linear layers with a GELU per feature (LLaVA);
     ``patch_merger``: each ``merge_size``² block of neighbouring ViT patches, normed and concatenated, to one token
-    (Qwen2-VL's merger), so an image takes ``merge_size``² fewer tokens; ``identity``: the tower's features as they
-    are (a tower whose own merger already outputs the decoder's width)."""
+    (Qwen2-VL's merger), so an image takes ``merge_size``² fewer tokens; ``pixel_shuffle``: each ``merge_size``²
+    block concatenated (space to depth, SmolVLM's ``scale_factor``) then one linear layer without bias;
+    ``identity``: the tower's features as they are (a tower whose own merger already outputs the decoder's width)."""
 
-    kind: Literal["mlp", "patch_merger", "identity"] = "mlp"
+    kind: Literal["mlp", "patch_merger", "pixel_shuffle", "identity"] = "mlp"
     hidden_dim: int | None = Field(default=None, gt=0, description="None: the decoder's d_model (mlp), the merged "
                                                                    "width (patch_merger)")
-    merge_size: int = Field(default=2, gt=0, description="patch_merger: patches per merged token side")
+    merge_size: int = Field(default=2, gt=0, description="patch_merger, pixel_shuffle: patches per merged token side")
 
 
 LANGUAGE_ARCHS = ("decoder",)  # registered architectures whose module takes input embeddings for its tokens
@@ -113,9 +131,9 @@ class VLMConfig(StrictModel):
         if self.image_token_id >= self.language.vocab_size:
             raise ValueError(f"image_token_id ({self.image_token_id}) must be below language.vocab_size "
                              f"({self.language.vocab_size})")
-        if p.kind == "patch_merger":
-            if v.arch != "vit":
-                raise ValueError(f"projector.kind 'patch_merger' merges ViT patches; vision.arch {v.arch!r} merges "
+        if p.kind in ("patch_merger", "pixel_shuffle"):
+            if v.arch not in SQUARE_TOWERS:
+                raise ValueError(f"projector.kind {p.kind!r} merges ViT patches; vision.arch {v.arch!r} merges "
                                  "its own (use projector.kind mlp or identity)")
             if v.grid % p.merge_size:
                 raise ValueError(f"projector.merge_size ({p.merge_size}) must divide the {v.grid} patches per image "
@@ -139,7 +157,7 @@ class VLMConfig(StrictModel):
         """Patches per image token side."""
         if self.vision.arch == "qwen2_5_vl_vision":
             return self.vision.merge_size
-        return self.projector.merge_size if self.projector.kind == "patch_merger" else 1
+        return self.projector.merge_size if self.projector.kind in ("patch_merger", "pixel_shuffle") else 1
 
     def image_tokens(self, height: int, width: int) -> int:
         """Placeholder tokens an image of ``height`` × ``width`` pixels takes (after the preprocessing's resize)."""
@@ -148,6 +166,9 @@ class VLMConfig(StrictModel):
     def image_processor(self):
         """The preprocessing the tower reads its images with (``data/images``)."""
         v = self.vision
+        if v.arch == "siglip":
+            return SmolVLMImages(v.image_size, v.patch_size, self.merge_size, v.longest_edge or 4 * v.image_size,
+                                 v.image_mean, v.image_std)
         if v.arch == "vit":
             return SquareImages(v.image_size, v.patch_size, self.merge_size, v.image_mean, v.image_std)
         return QwenImages(QwenVLImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
@@ -170,7 +191,7 @@ class VLMConfig(StrictModel):
         blocks = sum(p.numel() for p in tower.blocks.parameters())
         rest = sum(p.numel() for p in tower.parameters()) - blocks
         v = self.vision
-        span = v.grid ** 2 if v.arch == "vit" else (v.window_tokens * v.merge_size) ** 2
+        span = v.grid ** 2 if v.arch in SQUARE_TOWERS else (v.window_tokens * v.merge_size) ** 2
         per_patch = 6 * blocks + 12 * v.n_layers * v.d_model * span
         merged = self.merge_size ** 2
         return merged * per_patch + 6 * rest + 6 * sum(p.numel() for p in projector.parameters())

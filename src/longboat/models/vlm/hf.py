@@ -95,7 +95,7 @@ class LlavaAdapter(HFAdapter):
         }
 
     def default_for(self, cfg) -> bool:
-        return hasattr(cfg, "vision") and hasattr(cfg, "language")
+        return hasattr(cfg, "vision") and hasattr(cfg, "language") and cfg.projector.kind != "pixel_shuffle"
 
     def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         text = _text_adapter(infer_family(cfg.language))
@@ -160,7 +160,10 @@ class VLMHF(DecoderHF):
         return [f for f in hf_families() if get_hf_adapter(f).arch == "vlm"]
 
     def export_family(self, cfg, requested: bool | str, source: str | Path | None) -> str:
-        family = "llava" if requested is True else requested
+        if requested is True:  # the family whose layout this model has (llava unless another claims it)
+            family = next((f for f in self.families() if get_hf_adapter(f).default_for(cfg)), "llava")
+        else:
+            family = requested
         if family not in self.families():
             raise HFConversionError(f"a vision-language model exports as {', '.join(self.families())}, not {family!r}")
         get_hf_adapter(family).config_to_hf(cfg)

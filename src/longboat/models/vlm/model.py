@@ -16,14 +16,17 @@ from torch import nn
 
 from longboat.models.llm.model import Decoder
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionTower
+from longboat.models.vision.siglip import SigLIP
 from longboat.models.vision.vit import ViT
-from longboat.models.vlm.config import VLMConfig
+from longboat.models.vlm.config import SQUARE_TOWERS, VLMConfig
 
 
 def build_tower(cfg: VLMConfig) -> nn.Module:
     v = cfg.vision
     if v.arch == "vit":
         return ViT(v, (3, v.image_size, v.image_size))
+    if v.arch == "siglip":
+        return SigLIP(v)
     return Qwen2_5_VisionTower(v)
 
 
@@ -39,6 +42,10 @@ class Projector(nn.Module):
         if p.kind == "patch_merger":
             self.norm = nn.LayerNorm(d_in, eps=1e-6)
             d_in *= p.merge_size**2
+        if p.kind == "pixel_shuffle":
+            self.proj = nn.Linear(d_in * p.merge_size**2, d_out, bias=False)
+            self.init_weights()
+            return
         hidden = p.hidden_dim or (d_in if p.kind == "patch_merger" else d_out)
         self.fc1 = nn.Linear(d_in, hidden)
         self.fc2 = nn.Linear(hidden, d_out)
@@ -49,18 +56,22 @@ class Projector(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if self.kind == "identity":
             return features.flatten(0, -2)
-        if self.kind == "patch_merger":
+        if self.kind in ("patch_merger", "pixel_shuffle"):
             n, patches, d = features.shape
             side, m = int(patches**0.5), self.merge
-            x = self.norm(features).view(n, side // m, m, side // m, m, d).transpose(2, 3)
+            x = self.norm(features) if self.kind == "patch_merger" else features
+            x = x.view(n, side // m, m, side // m, m, d).transpose(2, 3)
             features = x.reshape(n, (side // m) ** 2, m * m * d)  # row-major merged tokens, each block's patches
+            if self.kind == "pixel_shuffle":
+                return self.proj(features.flatten(0, -2))
         return self.fc2(F.gelu(self.fc1(features.flatten(0, -2))))
 
 
@@ -91,7 +102,7 @@ class VLM(nn.Module):
 
     def image_features(self, images: torch.Tensor, image_grid: torch.Tensor | None = None) -> torch.Tensor:
         """Image tokens [tokens, d_model] of the images, one after the other."""
-        if self.cfg.vision.arch == "vit":
+        if self.cfg.vision.arch in SQUARE_TOWERS:
             features = self.vision(images.to(self.vision.patch_embed.weight.dtype))
         else:
             if image_grid is None:
@@ -101,7 +112,7 @@ class VLM(nn.Module):
 
     def _blank(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         v = self.cfg.vision
-        if v.arch == "vit":
+        if v.arch in SQUARE_TOWERS:
             return torch.zeros(1, 3, v.image_size, v.image_size, device=device), None
         m = v.merge_size
         return torch.zeros(m * m, v.patch_dim, device=device), torch.tensor([[1, m, m]], device=device)

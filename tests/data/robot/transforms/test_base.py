@@ -45,3 +45,30 @@ def test_user_transforms_register_by_name(monkeypatch):
         @register_transform("test_scale")
         class Other(Scale):
             pass
+
+
+def test_a_drawing_transform_without_a_batch_form_runs_sample_by_sample(monkeypatch):
+    monkeypatch.setattr(transforms_base, "_TRANSFORMS", transforms_base._TRANSFORMS.copy())  # leave no trace
+
+    class JiggleConfig(StrictModel):
+        key: str
+
+    @register_transform("test_jiggle")
+    class Jiggle(Transform):
+        Config = JiggleConfig
+
+        def apply(self, item, generator=None):
+            x = item[self.cfg.key]
+            return {**item, self.cfg.key: x + torch.rand(x.shape, generator=generator)}
+
+    pipeline = build([{"type": "test_jiggle", "key": ACTION}, {"type": "pad_horizon", "horizon": 4}])
+    batch = {ACTION: torch.zeros(3, 2, 5), "task": ["a", "b", "c"]}
+
+    def generators():
+        return [torch.Generator().manual_seed(i) for i in range(3)]
+
+    out = pipeline.apply_batch(batch, generators())
+    alone = [pipeline.apply({ACTION: batch[ACTION][i]}, g) for i, g in enumerate(generators())]
+    assert torch.equal(out[ACTION], torch.stack([a[ACTION] for a in alone])) and out[ACTION].shape == (3, 4, 5)
+    assert torch.equal(out[f"{ACTION}_is_pad"], torch.stack([a[f"{ACTION}_is_pad"] for a in alone]))
+    assert out["task"] == ["a", "b", "c"] and len(set(out[ACTION][:, 0, 0].tolist())) == 3

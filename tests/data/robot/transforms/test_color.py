@@ -61,3 +61,19 @@ def test_color_jitter_is_off_in_eval_and_needs_rgb():
     assert p.eval().apply({TOP: img})[TOP] is img
     with pytest.raises(TransformError, match=r"'observation.images.top' has 1 channels; .* need RGB"):
         p.train().apply({TOP: torch.rand(1, 8, 8)})
+
+
+def test_color_jitter_on_a_batch_equals_each_sample_jittered_with_its_own_generator():
+    jitter = build([{"type": "color_jitter", "keys": [TOP], "brightness": 0.4, "contrast": 0.4, "saturation": 0.4,
+                     "hue": 0.1}]).transforms[0]
+    batch = {TOP: torch.rand(3, 2, 3, 6, 7)}  # 3 samples of 2 frames
+
+    def generators():
+        return [torch.Generator().manual_seed(7 * i) for i in range(3)]
+
+    alone = torch.stack([jitter.apply({TOP: batch[TOP][i]}, g)[TOP] for i, g in enumerate(generators())])
+    batched = jitter.apply_batch(batch, generators())[TOP]  # on the CPU: a sample at a time
+    at_once = jitter.jitter(batch, generators(), per_sample=False)[TOP]  # an accelerator's way: every image at once
+    assert not torch.equal(alone, batch[TOP])
+    torch.testing.assert_close(batched, alone, rtol=0, atol=1e-6)
+    torch.testing.assert_close(at_once, alone, rtol=0, atol=1e-6)

@@ -63,6 +63,15 @@ def test_center_crop_matches_slicing_and_refuses_small_images():
         build([{"type": "center_crop", "keys": [TOP], "size": [12, 9]}]).apply({TOP: img})
 
 
+def test_center_crop_rounds_its_offset_as_torchvision_when_asked():
+    img = torch.rand(2, 3, 48, 64)  # rooms 7 and 7: half is 3.5, which torchvision rounds to 4 (half to even)
+    out = build([{"type": "center_crop", "keys": [TOP], "size": [41, 57], "centre": "round"}]).apply({TOP: img})[TOP]
+    np.testing.assert_array_equal(out.numpy(), img.numpy()[..., 4:45, 4:61])
+    img = torch.rand(2, 3, 46, 64)  # room 5: 2.5 rounds to 2
+    out = build([{"type": "center_crop", "keys": [TOP], "size": [41, 57], "centre": "round"}]).apply({TOP: img})[TOP]
+    np.testing.assert_array_equal(out.numpy(), img.numpy()[..., 2:43, 4:61])
+
+
 def test_random_crop_draws_a_window_per_image_reproducibly_and_centres_in_eval():
     img = torch.rand(3, 2, 3, 10, 12)
     spec = [{"type": "random_crop", "keys": [TOP], "size": [6, 7]}]
@@ -83,3 +92,25 @@ def test_random_crop_draws_a_window_per_image_reproducibly_and_centres_in_eval()
     torch.testing.assert_close(build(spec).apply({TOP: img}, torch.Generator().manual_seed(1))[TOP], per_sample)
     centre = build(spec, train=False).apply({TOP: img})[TOP]
     np.testing.assert_array_equal(centre.numpy(), img.numpy()[..., 2:8, 2:9])
+
+
+def test_random_crop_on_a_batch_draws_each_samples_offsets_from_its_own_generator():
+    crop = build([{"type": "random_crop", "keys": [TOP], "size": [5, 6]}]).transforms[0]
+    batch = {TOP: torch.rand(4, 3, 3, 9, 11)}  # 4 samples of 3 frames
+
+    def generators():
+        return [torch.Generator().manual_seed(100 + i) for i in range(4)]
+
+    batched = crop.apply_batch(batch, generators())[TOP]
+    alone = torch.stack([crop.apply({TOP: batch[TOP][i]}, g)[TOP] for i, g in enumerate(generators())])
+    assert batched.shape == (4, 3, 3, 5, 6) and torch.equal(batched, alone)
+    crop.training = False  # evaluation: the centre, on a batch as on a sample
+    assert torch.equal(crop.apply_batch(batch, generators())[TOP], batch[TOP][..., 2:7, 2:8])
+
+
+def test_the_gathered_crops_of_an_accelerator_equal_the_copied_ones():
+    from longboat.data.robot.transforms.image import crop_each, gather_crops
+
+    images = torch.rand(6, 3, 9, 11)
+    tops, lefts = [0, 4, 2, 1, 3, 0], [4, 0, 3, 1, 2, 4]
+    assert torch.equal(gather_crops(images, tops, lefts, (5, 7)), crop_each(images, tops, lefts, (5, 7)))

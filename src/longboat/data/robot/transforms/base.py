@@ -4,11 +4,16 @@ A transform maps an item (a dict of tensors keyed like LeRobot: ``observation.st
 ``observation.images.<cam>``, ``<key>_is_pad``) to a new item, leaving the input untouched. Tensors may carry any
 leading (batch, time) dimensions. An invertible transform also maps model outputs back (``unapply``). Statistics a
 transform reads are declared by ``needs`` so the pipeline checks them before work and serialises exactly them.
+
+``apply_batch`` transforms a collated batch (the training device's path) as ``apply`` transforms each of its
+samples, sample i drawing from ``generators[i]`` in the order ``apply`` draws; by default sample by sample, which is
+right for any transform. A transform whose ``apply`` treats leading dimensions alike and draws nothing sets
+``batchable`` and takes the batch whole; a random one overrides ``apply_batch`` with its batch form.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -33,6 +38,8 @@ class Transform:
     name: ClassVar[str]
     Config: ClassVar[type[StrictModel]]
     invertible: ClassVar[bool] = False
+    #: ``apply`` draws nothing and treats every leading (batch, time) dimension alike: a batch is one item
+    batchable: ClassVar[bool] = False
 
     def __init__(self, cfg: Any, stats: Stats):
         self.cfg = cfg
@@ -48,6 +55,13 @@ class Transform:
 
     def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
         raise NotImplementedError
+
+    def apply_batch(self, batch: dict, generators: Sequence[torch.Generator]) -> dict:
+        """A collated batch of ``len(generators)`` samples, each transformed as ``apply`` transforms it."""
+        if self.batchable:
+            return self.apply(batch)
+        n = len(generators)
+        return stack_items([self.apply(item, g) for item, g in zip(split_batch(batch, n), generators)])
 
     def unapply(self, item: dict) -> dict:
         raise TransformError(f"{self.name}: not invertible")
@@ -99,3 +113,20 @@ def as_images(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
     """[..., C, H, W] -> ([N, C, H, W], leading shape), so every image is treated alike."""
     lead = x.shape[:-3]
     return x.reshape(-1, *x.shape[-3:]), lead
+
+
+def split_batch(batch: dict, n: int) -> list[dict]:
+    """A collated batch of ``n`` samples back into its samples: tensors and lists indexed on their first dimension,
+    anything else shared."""
+    def part(value: Any, i: int) -> Any:
+        if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == n:
+            return value[i]
+        return value[i] if isinstance(value, (list, tuple)) and len(value) == n else value
+
+    return [{key: part(value, i) for key, value in batch.items()} for i in range(n)]
+
+
+def stack_items(items: list[dict]) -> dict:
+    """Samples collated again: tensors stacked, other values listed."""
+    return {key: torch.stack([it[key] for it in items]) if isinstance(items[0][key], torch.Tensor)
+            else [it[key] for it in items] for key in items[0]}

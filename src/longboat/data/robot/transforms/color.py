@@ -3,6 +3,8 @@ per image (as torchvision's ColorJitter draws them, in this fixed order), in tor
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from pydantic import Field
 
@@ -48,35 +50,64 @@ class ColorJitter(Transform):
     Config = ColorJitterConfig
 
     def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
+        return self.jitter(item, [generator], per_sample=False)
+
+    def apply_batch(self, batch: dict, generators: Sequence[torch.Generator | None]) -> dict:
+        """On a CPU a sample's images at a time (they stay in cache through the four steps), on an accelerator all
+        at once."""
+        on_cpu = any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for k, v in batch.items()
+                     if k in self.cfg.keys)
+        return self.jitter(batch, generators, per_sample=on_cpu)
+
+    def jitter(self, batch: dict, generators: Sequence[torch.Generator | None], per_sample: bool) -> dict:
+        """Sample i's factors drawn from ``generators[i]`` as ``apply`` draws them (per key: brightness, contrast,
+        saturation, hue, one per image each), applied sample by sample or to every image at once."""
         cfg = self.cfg
         if not self.training or not (cfg.brightness or cfg.contrast or cfg.saturation or cfg.hue):
-            return item
-        out = dict(item)
+            return batch
+        out = dict(batch)
         for key in cfg.keys:
-            images, lead = as_images(image_of(item, key, self.name))
+            images, lead = as_images(image_of(batch, key, self.name))
             if images.shape[1] != 3 and (cfg.contrast or cfg.saturation or cfg.hue):
                 raise TransformError(f"{self.name}: '{key}' has {images.shape[1]} channels; contrast, saturation "
                                      f"and hue need RGB (3)")
-            if cfg.brightness:
-                images = (images * _scale(images, cfg.brightness, generator)).clamp(0, 1)
-            if cfg.contrast:
-                mean = grayscale(images).mean(dim=(-3, -2, -1), keepdim=True)
-                images = _blend(images, mean, _scale(images, cfg.contrast, generator))
-            if cfg.saturation:
-                images = _blend(images, grayscale(images), _scale(images, cfg.saturation, generator))
-            if cfg.hue:
-                images = shift_hue(images, _draw(images, -cfg.hue, cfg.hue, generator))
+            n = images.shape[0] // len(generators)  # images per sample
+            draws = [self._draws(n, g) for g in generators]
+            if per_sample:
+                images = torch.cat([self._jitter(images[i * n:(i + 1) * n], d) for i, d in enumerate(draws)])
+            else:
+                images = self._jitter(images, [torch.cat(u) for u in zip(*draws)])
             out[key] = images.reshape(*lead, *images.shape[-3:])
         return out
 
+    def _draws(self, n: int, generator: torch.Generator | None) -> list[torch.Tensor]:
+        """Uniform numbers in [0, 1) [n], one per image for each factor set, in the order the factors apply."""
+        cfg = self.cfg
+        return [torch.rand(n, generator=generator) for spread in (cfg.brightness, cfg.contrast, cfg.saturation,
+                                                                   cfg.hue) if spread]
 
-def _scale(images: torch.Tensor, spread: float, generator: torch.Generator | None) -> torch.Tensor:
-    return _draw(images, max(0.0, 1 - spread), 1 + spread, generator)
+    def _jitter(self, images: torch.Tensor, draws: list[torch.Tensor]) -> torch.Tensor:
+        """[N, C, H, W] jittered by the factors ``draws`` give (each [N], as ``_draws`` makes them)."""
+        cfg, draws = self.cfg, iter(draws)
+        if cfg.brightness:
+            images = (images * _scale(images, cfg.brightness, next(draws))).clamp(0, 1)
+        if cfg.contrast:
+            mean = grayscale(images).mean(dim=(-3, -2, -1), keepdim=True)
+            images = _blend(images, mean, _scale(images, cfg.contrast, next(draws)))
+        if cfg.saturation:
+            images = _blend(images, grayscale(images), _scale(images, cfg.saturation, next(draws)))
+        if cfg.hue:
+            images = shift_hue(images, _between(images, -cfg.hue, cfg.hue, next(draws)))
+        return images
 
 
-def _draw(images: torch.Tensor, lo: float, hi: float, generator: torch.Generator | None) -> torch.Tensor:
-    """One value per image of [N, C, H, W], uniform in [lo, hi], shaped to broadcast over the image."""
-    u = torch.rand(images.shape[0], generator=generator).to(device=images.device, dtype=images.dtype)
+def _scale(images: torch.Tensor, spread: float, u: torch.Tensor) -> torch.Tensor:
+    return _between(images, max(0.0, 1 - spread), 1 + spread, u)
+
+
+def _between(images: torch.Tensor, lo: float, hi: float, u: torch.Tensor) -> torch.Tensor:
+    """Uniform numbers ``u`` [N] in [0, 1) mapped to [lo, hi], shaped to broadcast over the images [N, C, H, W]."""
+    u = u.to(device=images.device, dtype=images.dtype)
     return (lo + (hi - lo) * u).view(-1, 1, 1, 1)
 
 

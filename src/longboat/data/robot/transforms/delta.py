@@ -24,6 +24,7 @@ class DeltaActionsConfig(StrictModel):
 @register_transform("delta_actions")
 class DeltaActions(Transform):
     Config = DeltaActionsConfig
+    batchable = True
     invertible = True
 
     def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:

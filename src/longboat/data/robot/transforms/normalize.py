@@ -30,6 +30,7 @@ class NormalizeConfig(StrictModel):
 @register_transform("normalize")
 class Normalize(Transform):
     Config = NormalizeConfig
+    batchable = True
     invertible = True
 
     @classmethod
@@ -56,8 +57,8 @@ class Normalize(Transform):
             if feature in item:
                 x = _checked(item[feature], offset, feature)
                 offset, span = offset.to(x.device), span.to(x.device)  # no copy when already there
-                y = (x - offset) / span
-                out[feature] = y * 2 - 1 if to_pm1 else y
+                y = (x - offset).div_(span)  # in place on the new tensor: one image-sized allocation, not three
+                out[feature] = y.mul_(2).sub_(1) if to_pm1 else y
         return out
 
     def unapply(self, item: dict) -> dict:

@@ -24,6 +24,7 @@ class PadDim(Transform):
     which the dataset statistics give (so a served policy needs no item from training to know it)."""
 
     Config = PadDimConfig
+    batchable = True
     invertible = True
 
     @classmethod
@@ -72,6 +73,7 @@ class PadHorizon(Transform):
     horizon disagree."""
 
     Config = PadHorizonConfig
+    batchable = True
 
     def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:
         key, horizon = self.cfg.key, self.cfg.horizon

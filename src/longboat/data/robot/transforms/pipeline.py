@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -69,6 +69,14 @@ class Pipeline:
         return item
 
     __call__ = apply
+
+    def apply_batch(self, batch: dict, generators: Sequence[torch.Generator]) -> dict:
+        """A collated batch transformed as ``apply`` transforms each sample, sample i drawing from ``generators[i]``
+        (seeded as the dataset seeds that sample's): the same values, computed where the batch is (e.g. on the
+        training device). Each transform takes the batch whole (``Transform.apply_batch``) or sample by sample."""
+        for t in self.transforms:
+            batch = t.apply_batch(batch, generators)
+        return batch
 
     def unapply(self, item: dict) -> dict:
         """Model outputs back to robot units: the invertible transforms' inverses, last first."""

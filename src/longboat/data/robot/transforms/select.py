@@ -24,6 +24,7 @@ class SelectDimsConfig(StrictModel):
 @register_transform("select_dims")
 class SelectDims(Transform):
     Config = SelectDimsConfig
+    batchable = True
     invertible = True
 
     def apply(self, item: dict, generator: torch.Generator | None = None) -> dict:

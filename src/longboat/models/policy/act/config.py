@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from longboat.models.policy.base import PolicyConfig
@@ -28,6 +30,15 @@ class ACTConfig(PolicyConfig):
     dropout: float = Field(default=0.0, ge=0, lt=1,
                            description="0 keeps training a function of the sample keys (dropout masks are not keyed)")
     norm_eps: float = Field(default=1e-5, gt=0)
+    pre_norm: bool = Field(default=False, description="layer norm before each sub-layer (and after each encoder "
+                           "stack) instead of after each residual sum, as ACT's pre_norm")
+    activation: Literal["relu", "gelu"] = Field(default="relu", description="of the feed-forward layers")
+    use_vae: bool = Field(default=True, description="train with the CVAE encoder and its KL term; False: the "
+                          "latent is always zero and the policy is a plain L1 regressor")
+    positions_2d: Literal["split", "interleaved"] = Field(
+        default="split", description="layout of the image tokens' sine positions: split (sines, then cosines, of "
+        "each axis) or interleaved (sine and cosine of each frequency side by side, with DETR's 1e-6 in the "
+        "normaliser, as DETR, the original ACT and LeRobot)")
     backbone: ResNetConfig = Field(default_factory=ResNetConfig,
                                    description="shared by every camera; in_channels comes from image_features")
 

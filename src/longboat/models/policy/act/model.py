@@ -36,11 +36,15 @@ class ACT(Policy):
         has_state = cfg.state_feature is not None
 
         # CVAE encoder q(z | state, actions), used in training only.
-        self.vae_cls = nn.Embedding(1, d)
-        self.vae_state_proj = nn.Linear(cfg.state_dim, d) if has_state else None
-        self.vae_action_proj = nn.Linear(cfg.action_dim, d)
-        self.vae_encoder = Encoder(cfg, cfg.n_vae_encoder_layers)
-        self.latent_head = nn.Linear(d, 2 * cfg.latent_dim)
+        if cfg.use_vae:
+            self.vae_cls = nn.Embedding(1, d)
+            self.vae_state_proj = nn.Linear(cfg.state_dim, d) if has_state else None
+            self.vae_action_proj = nn.Linear(cfg.action_dim, d)
+            self.vae_encoder = Encoder(cfg, cfg.n_vae_encoder_layers)
+            self.latent_head = nn.Linear(d, 2 * cfg.latent_dim)
+        else:  # an empty stand-in, so the spec's "vae_encoder.layers" parallel unit names a module either way
+            self.vae_encoder = nn.Module()
+            self.vae_encoder.layers = nn.ModuleList()
 
         # Observation encoder and action decoder.
         # One backbone for all cameras, as ACT. Without cameras an empty list stands in, so the spec's
@@ -97,7 +101,8 @@ class ACT(Policy):
             features = self.image_proj(self.backbone(obs[key][:, -1]))  # [B, d, h, w]
             tokens.append(features.flatten(2).transpose(1, 2))
             h, w = features.shape[2:]
-            pos.append(sinusoid_2d(h, w, features.shape[1], features.device).to(features.dtype))
+            pos.append(sinusoid_2d(h, w, features.shape[1], features.device,
+                                   self.cfg.positions_2d == "interleaved").to(features.dtype))
         memory_pos = torch.cat(pos)[None]  # [1, tokens, d], the same for every sample
         memory = self.encoder(torch.cat(tokens, dim=1), memory_pos)
         query_pos = self.queries.weight[None].expand(B, -1, -1)
@@ -105,14 +110,21 @@ class ACT(Policy):
         return self.action_head(out)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Per-sample ``loss`` = ``l1`` + kl_weight * ``kl``, each [B]."""
+        """Per-sample ``loss`` = ``l1`` + kl_weight * ``kl``, each [B] (``l1`` alone without the CVAE)."""
         actions, is_pad = batch[self.cfg.action_feature], batch["action_is_pad"]
         state = self._state(batch)
-        mean, log_var = self._posterior(state, actions, is_pad)
-        eps = keyed_normal(batch["noise_key"], (self.cfg.latent_dim,), _LATENT_STREAM).to(mean)
-        pred = self._act(batch, state, mean + (0.5 * log_var).exp() * eps)
+        if self.cfg.use_vae:
+            mean, log_var = self._posterior(state, actions, is_pad)
+            eps = keyed_normal(batch["noise_key"], (self.cfg.latent_dim,), _LATENT_STREAM).to(mean)
+            latent = mean + (0.5 * log_var).exp() * eps
+        else:
+            ref = self.latent_proj.weight
+            latent = torch.zeros(actions.shape[0], self.cfg.latent_dim, device=ref.device, dtype=ref.dtype)
+        pred = self._act(batch, state, latent)
         real = (~is_pad)[..., None].to(pred.dtype)  # [B, horizon, 1]
         l1 = ((pred - actions).abs() * real).sum((1, 2)) / (real.sum((1, 2)) * self.cfg.action_dim).clamp(min=1)
+        if not self.cfg.use_vae:
+            return {"loss": l1, "l1": l1}
         kl = 0.5 * (mean.square() + log_var.exp() - 1 - log_var).sum(-1)
         return {"loss": l1 + self.cfg.kl_weight * kl, "l1": l1, "kl": kl}
 

@@ -24,6 +24,8 @@ class DiffusionConfig(PolicyConfig):
     vision: ResNetConfig = ResNetConfig()
     keypoints: int = Field(default=32, gt=0, description="spatial-softmax keypoints per camera")
     image_feature_dim: int = Field(default=64, gt=0, description="features per camera and frame")
+    shared_camera_encoder: bool = Field(default=False, description="one encoder for every camera (LeRobot's "
+                                        "default) instead of one per camera (the paper's)")
 
     # Noise-prediction network: a 1-D temporal U-Net over the action horizon with FiLM conditioning.
     down_dims: list[int] = Field(default=[512, 1024, 2048], min_length=1,
@@ -32,6 +34,8 @@ class DiffusionConfig(PolicyConfig):
     n_groups: int = Field(default=8, gt=0, description="GroupNorm groups of the U-Net's conv blocks")
     step_embed_dim: int = Field(default=128, gt=0, description="width of the diffusion-step embedding")
     film_scale: bool = Field(default=True, description="FiLM with a scale and a bias (False: bias only)")
+    final_n_groups: int | None = Field(default=None, gt=0, description="GroupNorm groups of the output conv block; "
+                                       "null: n_groups (LeRobot's keeps 8 whatever n_groups)")
 
     # Noise schedule: DDPM training on the squared-cosine schedule, DDIM sampling (eta 0) at inference.
     train_timesteps: int = Field(default=100, gt=1)
@@ -42,6 +46,15 @@ class DiffusionConfig(PolicyConfig):
     clip_sample_range: float = Field(default=1.0, gt=0)
     mask_padding: bool = Field(default=False, description="leave actions past the episode end (action_is_pad) "
                                "out of the loss")
+    sampler: Literal["ddim", "ddpm"] = Field(default="ddim", description="ddim: deterministic steps (eta 0); ddpm: "
+                                             "ancestral steps adding keyed noise")
+    beta_schedule: Literal["squaredcos_cap_v2", "linear"] = "squaredcos_cap_v2"
+    spacing: Literal["trailing", "leading"] = Field(default="trailing", description="inference timesteps from "
+                                                    "T - 1 down (trailing) or multiples of T // steps (leading, "
+                                                    "diffusers' default)")
+    float32_tables: bool = Field(default=False, description="the schedule's tables in float32, as diffusers")
+    first_action: int = Field(default=0, ge=0, description="predict returns the denoised chunk from this step: "
+                              "n_obs_steps - 1 starts at the current step, as LeRobot's Diffusion Policy acts")
 
     @model_validator(mode="after")
     def _check_shapes(self):
@@ -56,6 +69,8 @@ class DiffusionConfig(PolicyConfig):
                              f"got {self.step_embed_dim}")
         if self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd (same-length convolutions), got {self.kernel_size}")
+        if self.first_action >= self.horizon:
+            raise ValueError(f"first_action {self.first_action} must be below the horizon {self.horizon}")
         if self.inference_steps > self.train_timesteps:
             raise ValueError(f"inference_steps {self.inference_steps} exceeds train_timesteps {self.train_timesteps}")
         if self.action_dim and not self.image_features and self.state_feature is None:

@@ -25,13 +25,15 @@ class CameraEncoder(nn.Module):
 
 class ObservationEncoder(nn.Module):
     """The global conditioning of the U-Net: per observation step the state and every camera's features,
-    concatenated over the ``n_obs_steps`` frames. A separate encoder per camera, as the paper."""
+    concatenated over the ``n_obs_steps`` frames. A separate encoder per camera, as the paper, or one shared by all
+    (``shared_camera_encoder``, as LeRobot builds it)."""
 
     def __init__(self, cfg: DiffusionConfig):
         super().__init__()
         self.cfg = cfg
         self.camera_keys = sorted(cfg.image_features)
-        self.cameras = nn.ModuleList(CameraEncoder(cfg, cfg.image_features[k][0]) for k in self.camera_keys)
+        n = 1 if cfg.shared_camera_encoder and self.camera_keys else len(self.camera_keys)
+        self.cameras = nn.ModuleList(CameraEncoder(cfg, cfg.image_features[k][0]) for k in self.camera_keys[:n])
 
     @property
     def out_dim(self) -> int:
@@ -42,7 +44,8 @@ class ObservationEncoder(nn.Module):
         parts = []
         if self.cfg.state_feature is not None:
             parts.append(obs[self.cfg.state_feature])  # [B, n_obs, S]
-        for key, encoder in zip(self.camera_keys, self.cameras):
+        for i, key in enumerate(self.camera_keys):
+            encoder = self.cameras[0 if self.cfg.shared_camera_encoder else i]
             frames = obs[key]  # [B, n_obs, C, H, W]
             b, t = frames.shape[:2]
             parts.append(encoder(frames.flatten(0, 1)).reshape(b, t, -1))

@@ -16,6 +16,7 @@ from longboat.models.generative.keyed_random import keyed_normal, keyed_randint
 # keyed_normal(stream s) reads uniform streams 2s and 2s + 1, keyed_randint(stream s) uniform stream s.
 _NOISE_STREAM = 0
 _TIMESTEP_STREAM = 2
+_STEP_STREAM = 8  # DDPM's per-step noise at inference: keyed_normal streams 8, 9, ...
 
 
 class DiffusionPolicy(Policy):
@@ -26,7 +27,8 @@ class DiffusionPolicy(Policy):
         self.encoder = ObservationEncoder(cfg)
         self.unet = ConditionalUnet1d(cfg, self.encoder.out_dim)
         self.scheduler = NoiseScheduler(cfg.train_timesteps, cfg.prediction,
-                                        cfg.clip_sample_range if cfg.clip_sample else None)
+                                        cfg.clip_sample_range if cfg.clip_sample else None, cfg.beta_schedule,
+                                        cfg.spacing, cfg.float32_tables, cfg.sampler)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -52,10 +54,23 @@ class DiffusionPolicy(Policy):
 
     @torch.no_grad()
     def predict(self, obs: dict, noise_key: torch.Tensor | None = None) -> torch.Tensor:
+        """The chunk from ``first_action`` on; the initial noise (and DDPM's per-step noise) drawn from
+        ``noise_key`` when given."""
         cond = self.encoder(obs)
         shape = (cond.shape[0], self.cfg.horizon, self.cfg.action_dim)
+        step_noise = None
         if noise_key is None:
             noise = torch.randn(shape, device=cond.device, dtype=cond.dtype)
         else:
-            noise = keyed_normal(noise_key.to(cond.device), shape[1:], _NOISE_STREAM, cond.dtype)
-        return self.scheduler.sample(lambda x, t: self.unet(x, t, cond), noise, self.cfg.inference_steps)
+            key = noise_key.to(cond.device)
+            noise = keyed_normal(key, shape[1:], _NOISE_STREAM, cond.dtype)
+
+            def step_noise(i: int) -> torch.Tensor:
+                return keyed_normal(key, shape[1:], _STEP_STREAM + i, cond.dtype)
+        return self.denoise(cond, noise, step_noise)[:, self.cfg.first_action:]
+
+    @torch.no_grad()
+    def denoise(self, cond: torch.Tensor, noise: torch.Tensor, step_noise=None) -> torch.Tensor:
+        """The whole denoised horizon [B, horizon, A] from the conditioning ``encoder(obs)``, the initial noise and,
+        for DDPM, ``step_noise(i)`` giving step i's fresh noise."""
+        return self.scheduler.sample(lambda x, t: self.unet(x, t, cond), noise, self.cfg.inference_steps, step_noise)

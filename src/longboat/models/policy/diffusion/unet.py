@@ -102,7 +102,7 @@ class ConditionalUnet1d(nn.Module):
         # One up level per downsampling, each taking the skip of a deeper level (from the deepest up); the
         # shallowest level's skip goes unused, as in the paper's network.
         self.up = nn.ModuleList(UpLevel(cfg, cin, cout, cond_dim) for cin, cout in zip(dims[:0:-1], dims[-2::-1]))
-        self.final = nn.Sequential(ConvBlock(dims[0], dims[0], cfg.kernel_size, cfg.n_groups),
+        self.final = nn.Sequential(ConvBlock(dims[0], dims[0], cfg.kernel_size, cfg.final_n_groups or cfg.n_groups),
                                    nn.Conv1d(dims[0], cfg.action_dim, 1))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, global_cond: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,8 @@ FLOW_VLA = register_model(ModelSpec(
     config=FlowVLAConfig,
     module=FlowVLA,
     presets="longboat.models.policy.flow_vla",
-    # Not the backbone's layers: they hand their keys and values to the expert beside their output, where per-layer
-    # FSDP and checkpointing hooks cannot see them; the backbone is sharded with the root.
-    parallel_units=("vision.blocks", "expert.layers"),
+    # The backbone's layers return their keys and values as outputs (PrefixBlock), so each is a unit of its own.
+    parallel_units=("vision.blocks", "backbone.layers", "expert.layers"),
     forward_methods=("predict",),
     initial_weights=BackboneWeights(),
 ))

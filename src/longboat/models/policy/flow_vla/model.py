@@ -2,7 +2,8 @@
 
 Prefix: each camera's image through a small ViT, projected to the backbone's width, then the task prompt's token
 embeddings; a longboat decoder reads the prefix with bidirectional attention (pi0's prefix-LM mask) and hands each
-layer's keys and values to the action expert (``expert.py``), which reads [state, noisy actions + flow time].
+layer's keys and values (``prefix.py``) to the action expert (``expert.py``), which reads [state, noisy
+actions + flow time].
 
 Training (flow matching, ``models/generative/flow_matching.py``): t = 0.999·Beta(1.5, 1) + 0.001,
 x_t = t·noise + (1 − t)·actions, and the expert's output regresses the velocity u = noise − actions. Inference
@@ -20,24 +21,12 @@ from longboat.models.llm.model import Decoder
 from longboat.models.policy.base import Policy
 from longboat.models.policy.flow_vla.config import FlowVLAConfig
 from longboat.models.policy.flow_vla.expert import ActionExpert
+from longboat.models.policy.flow_vla.prefix import PrefixBlock
 from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform
 from longboat.models.vision.vit import ViT
 
 # Streams of the keyed draws: one per use, so no two draws of a sample share numbers.
 TIME_STREAM, NOISE_STREAM, SAMPLE_STREAM = 0, 1, 2
-
-
-class PrefixKV:
-    """Takes the place of a decoding cache in the backbone's layers: keeps each layer's prefix keys and values
-    [B, kv_heads, P, head_dim] for the expert, without the in-place writes of a cache (training needs their
-    gradients)."""
-
-    def __init__(self, n_layers: int):
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = [None] * n_layers  # type: ignore[list-item]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.kv[layer] = (k, v)
-        return k, v
 
 
 class FlowVLA(Policy):
@@ -49,6 +38,8 @@ class FlowVLA(Policy):
         self.vision = ViT(cfg.vision, tuple(cfg.image_features[self.cameras[0]])) if self.cameras else None
         self.image_proj = nn.Linear(cfg.vision.d_model, cfg.backbone.d_model) if self.cameras else None
         self.backbone = Decoder(cfg.backbone.model_copy(update={"n_layers": cfg.n_layers}))
+        # Its layers return their prefix keys and values, so each can be an FSDP and checkpointing unit.
+        self.backbone.layers = nn.ModuleList(PrefixBlock(block) for block in self.backbone.layers)
         self.expert = ActionExpert(cfg)
         self.init_weights()
 
@@ -79,10 +70,11 @@ class FlowVLA(Policy):
         eye = torch.eye(P, dtype=torch.bool, device=h.device)
         mask = (prefix_valid[:, None, :] | eye)[:, None]
         cos, sin = self.backbone.rope_cos[:P], self.backbone.rope_sin[:P]
-        kv = PrefixKV(len(self.backbone.layers))
+        kv = []
         for layer in self.backbone.layers:
-            h, _ = layer(h, cos, sin, kv, mask)  # a dense backbone: no MoE aux
-        return kv.kv, prefix_valid
+            h, k, v = layer(h, cos, sin, mask)
+            kv.append((k, v))
+        return kv, prefix_valid
 
     # ---- suffix ------------------------------------------------------------------------------------------
     def velocity(self, obs: dict, prefix_kv: list, prefix_valid: torch.Tensor, x_t: torch.Tensor,
