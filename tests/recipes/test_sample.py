@@ -14,7 +14,7 @@ from longboat.checkpoint.export import EXPORT_CONFIG
 from longboat.cli.main import main
 from longboat.recipes import train
 from longboat.recipes.config import resolve
-from longboat.recipes.sample import guided, open_generator, sample_images
+from longboat.recipes.sample import guided, open_generator, sample_images, text_condition
 
 MODEL = {"arch": "dit", "preset": "tiny", "hidden_size": 32, "depth": 2, "num_heads": 2}
 
@@ -128,3 +128,80 @@ def test_metrics_are_written_and_printed(flow_run, tmp_path, capsys):
     assert printed == written
     assert {"accuracy", "frechet", "frechet_floor", "frechet_ratio", "num_images"} <= set(written)
     assert written["num_images"] == 40 and written["frechet_floor"] > 0
+
+
+# ---- text-conditioned models: --prompt ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory) -> Path:
+    from tests.tasks.test_diffusion_text import config
+
+    root = tmp_path_factory.mktemp("text")
+    cfg = config(root, steps=4)
+    cfg["train"].update(ema={"decay": 0.5}, threads=1)  # tiny: one thread (the one_thread fixture is per test)
+    threads = torch.get_num_threads()
+    try:
+        train.run(resolve(cfg))
+    finally:
+        torch.set_num_threads(threads)
+    return Path(cfg["run_dir"])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_prompt_image_is_a_function_of_its_own_seed_and_follows_its_prompt(text_run):
+    gen = open_generator(text_run)
+    (text, mask), null = text_condition(gen, ["a red circle", "a blue square on black"])
+    rows = torch.tensor([0, 1, 0, 1, 1])
+    cond, seeds = (text[rows], mask[rows]), list(range(50, 55))
+    together = sample_images(gen, cond, seeds, steps=3, cfg_scale=3.0, batch_size=5, null=null)
+    in_twos = sample_images(gen, cond, seeds, steps=3, cfg_scale=3.0, batch_size=2, null=null)
+    alone = sample_images(gen, (text[1:2], mask[1:2]), seeds[3:4], steps=3, cfg_scale=3.0, null=null)
+    torch.testing.assert_close(in_twos, together, rtol=0, atol=1e-5)
+    torch.testing.assert_close(alone[0], together[3], rtol=0, atol=1e-5)
+    assert together.shape == (5, 3, 16, 16)
+    other = sample_images(gen, (text[[1]], mask[[1]]), seeds[:1], steps=3, cfg_scale=3.0, null=null)
+    assert not torch.allclose(other[0], together[0], atol=1e-4)  # same seed, the other prompt
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_command_draws_each_prompt(text_run, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["sample", str(text_run), "--prompt", "a red circle", "--prompt", "a green triangle", "--num", "2",
+                 "--steps", "2", "--cfg", "2", "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["00000_prompt-0_seed-0.png", "00001_prompt-0_seed-1.png", "00002_prompt-1_seed-2.png",
+                     "00003_prompt-1_seed-3.png", "grid.png", "prompts.json"]
+    assert json.loads((out / "prompts.json").read_text()) == ["a red circle", "a green triangle"]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("which, args, message", [
+    ("flow", ["--prompt", "a 3"], "--prompt: {run}/export is class-conditional; draw it with --class"),
+    ("text", ["--class", "1"], "--class: {run}/export is conditioned on text; draw it with --prompt"),
+    ("text", [], "--prompt: {run}/export is conditioned on text; give at least one --prompt"),
+])
+def test_a_flag_for_the_other_kind_of_model_is_one_line(flow_run, text_run, tmp_path, capsys, which, args, message):
+    run = flow_run if which == "flow" else text_run
+    assert main(["sample", str(run), "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message.format(run=run) in err, err
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_changed_text_encoder_is_refused(text_run, tmp_path, capsys):
+    import shutil
+
+    export = tmp_path / "export"
+    shutil.copytree(text_run / "export", export)
+    spec = json.loads((export / "diffusion.json").read_text())
+    spec["text_encoder"]["seed"] = 99  # other weights than the model was trained with
+    (export / "diffusion.json").write_text(json.dumps(spec))
+    assert main(["sample", str(export), "--prompt", "a red circle", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "differ from those the model was trained with" in err, err
+
+
+def test_a_colour_grid_is_white_between_cells():
+    from longboat.recipes.sample import grid
+
+    sheet = grid(torch.zeros(2, 3, 4, 4), rows=1)
+    assert sheet.getpixel((0, 0)) == (255, 255, 255) and sheet.getpixel((5, 5)) == (128, 128, 128)

@@ -122,7 +122,7 @@ def _sample(args: argparse.Namespace) -> int:
 
     _load_plugins(args)
     scores = sample(args.model, args.out, args.classes, args.num, args.steps, args.cfg, args.seed, args.sampler,
-                    args.metrics, args.overwrite, args.batch_size, args.device)
+                    args.metrics, args.overwrite, args.batch_size, args.device, args.prompts)
     print(f"wrote {args.out}/grid.png", file=sys.stderr)
     if args.metrics:
         print(json.dumps(scores, indent=2))
@@ -327,7 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="export dir, run dir or run_dir/checkpoints/step_N of an image generator")
     p.add_argument("--class", type=int, action="append", dest="classes", metavar="N",
                    help="class index to draw (repeatable; default: every class)")
-    p.add_argument("--num", type=_at_least_one, default=8, metavar="K", help="images per class")
+    p.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
+                   help="caption to draw, for a text-conditioned model (repeatable)")
+    p.add_argument("--num", type=_at_least_one, default=8, metavar="K", help="images per class or prompt")
     p.add_argument("--steps", type=_at_least_one, default=32, help="sampler steps")
     p.add_argument("--cfg", type=float, default=1.0, metavar="W",
                    help="classifier-free guidance scale (1: none; above 1 follows the class more)")

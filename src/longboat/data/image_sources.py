@@ -1,5 +1,6 @@
-"""Labelled images for image generators: scikit-learn's bundled 8×8 ``digits``, a folder of class subfolders, or
-``.jsonl`` / ``.parquet`` rows naming an image (a path relative to the file, or its bytes) with a label or caption.
+"""Labelled images for image generators: scikit-learn's bundled 8×8 ``digits``, captioned ``shapes``, a folder of
+class subfolders, or ``.jsonl`` / ``.parquet`` rows naming an image (a path relative to the file, or its bytes) with a
+label or caption.
 
 Every image is decoded once, when the source is opened, to ``image_size`` × ``image_size`` with ``channels``
 channels and scaled to [-1, 1]; a source's images are small enough to hold whole (tens of thousands of thumbnails
@@ -22,6 +23,7 @@ from pydantic import Field
 
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.images.decode import ImageError, open_image, rgb_image
+from longboat.data.shapes import SHAPES, load_shapes
 from longboat.data.source_files import check_malformed, held_out, read_rows, row_unit
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -31,8 +33,9 @@ DIGITS_MAX = 16.0  # load_digits' pixel values run 0..16
 
 
 class ImageSourceConfig(StrictModel):
-    source: str = Field(description="'digits' (scikit-learn's bundled 8×8 digits), a folder of class subfolders, or "
-                                    "a .jsonl / .parquet file of rows")
+    source: str = Field(description="'digits' (scikit-learn's bundled 8×8 digits), 'shapes' (captioned coloured "
+                                    "shapes drawn here), a folder of class subfolders, or a .jsonl / .parquet file "
+                                    "of rows")
     image_size: int = Field(default=8, gt=0, description="images are resized to image_size × image_size")
     channels: Literal[1, 3] = Field(default=1, description="1 (grey) or 3 (RGB)")
     valid_fraction: float = Field(default=0.2, ge=0, lt=1, description="share held out for validation")
@@ -74,6 +77,9 @@ def open_images(cfg: ImageSourceConfig) -> ImageSet:
     """Every image of ``cfg.source``, decoded, resized and scaled."""
     if cfg.source == DIGITS:
         return load_digits(cfg.image_size, cfg.channels)
+    if cfg.source == SHAPES:
+        images, labels, classes, captions = load_shapes(cfg.image_size, cfg.channels)
+        return ImageSet(images, labels, classes, captions)
     path = Path(cfg.source)
     if path.is_dir():
         return load_folder(path, cfg.image_size, cfg.channels, cfg.max_malformed_fraction)

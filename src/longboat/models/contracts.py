@@ -93,14 +93,30 @@ def require_language_model(cfg: Any, task: str) -> Any:
                           f"{', '.join(missing)} ({needs})")
     return cfg
 
-# What the image-generation task (diffusion) reads off a model's config; the model is called as
-# ``model(x [B, in_channels, image_size, image_size], t [B], labels [B]) -> [B, C >= in_channels, H, W]`` with the
-# prediction in the first ``in_channels`` output channels, and label ``num_classes`` meaning "no class".
+# What the image-generation task (diffusion) reads off a model's config. The model is called as
+# ``model(x [B, in_channels, image_size, image_size], t [B], cond, cond_mask) -> [B, C >= in_channels, H, W]`` with
+# the prediction in the first ``in_channels`` output channels. What ``cond`` is, the config declares:
+# a class generator (``text_dim`` absent or None) takes labels [B] with label ``num_classes`` meaning "no class" and
+# no mask; a text generator (``text_dim`` an int) takes text embeddings [B, L, text_dim] and their mask [B, L]
+# (True: a real token).
 IMAGE_GENERATOR_FIELDS = {
     "image_size": "the side of the square images it generates",
     "in_channels": "the channels of an image",
-    "num_classes": "class labels 0..num_classes-1, and num_classes for 'no class' (classifier-free guidance)",
 }
+CONDITION_FIELDS = {
+    "num_classes": "class labels 0..num_classes-1, and num_classes for 'no class' (classifier-free guidance)",
+    "text_dim": "the width of the text embeddings it reads (None: class-conditional)",
+}
+
+
+@dataclass(frozen=True)
+class GeneratorCondition:
+    """What an image generator is conditioned on: ``kind`` "class" (``num_classes`` labels) or "text" (embeddings of
+    width ``text_dim``)."""
+
+    kind: str
+    num_classes: int = 0
+    text_dim: int = 0
 
 
 def require_image_generator(cfg: Any, task: str) -> Any:
@@ -110,8 +126,23 @@ def require_image_generator(cfg: Any, task: str) -> Any:
     declared = getattr(cls, "model_fields", {})
     missing = [name for name in IMAGE_GENERATOR_FIELDS
                if name not in declared and not isinstance(getattr(cfg, name, None), int)]
+    if not any(name in declared or hasattr(cfg, name) for name in CONDITION_FIELDS):
+        missing.append("num_classes or text_dim")
     if missing:
-        needs = "; ".join(f"{name}: {IMAGE_GENERATOR_FIELDS[name]}" for name in missing)
+        needs = "; ".join(f"{name}: {IMAGE_GENERATOR_FIELDS.get(name, 'how it is conditioned')}" for name in missing)
         raise ConfigError(f"task '{task}' trains an image generator, but the model config {cls.__name__} lacks "
                           f"{', '.join(missing)} ({needs})")
     return cfg
+
+
+def generator_condition(cfg: Any) -> GeneratorCondition:
+    """The conditioning a (validated) image-generator config declares: text when ``text_dim`` is set, else class."""
+    text_dim = getattr(cfg, "text_dim", None)
+    if isinstance(text_dim, int):
+        return GeneratorCondition("text", text_dim=text_dim)
+    return GeneratorCondition("class", num_classes=int(getattr(cfg, "num_classes", 0) or 0))
+
+
+def accepts_text(cls: Any) -> bool:
+    """Whether an image-generator config class can be conditioned on text (declares ``text_dim``)."""
+    return "text_dim" in getattr(cls, "model_fields", {})

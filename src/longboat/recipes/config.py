@@ -136,7 +136,7 @@ def resolve(data: dict, source: str = "config", base_dir: str | Path | None = No
     task = get_task(cfg.task)
     task_obj = task(validate(task.data_config, cfg.data, source, prefix="data"))
     arch, fields = cfg.model.resolve()
-    _check_arch_fits_task(task, arch, cfg.task, source)
+    _check_arch_fits_task(task_obj, arch, cfg.task, source)  # the task, so it may note what the model takes
     if from_data:
         fields = task_obj.configure_model(fields)
     model_cfg = validate(get_model(arch).config, fields, source, prefix="model")
@@ -170,7 +170,7 @@ def with_train_defaults(data: dict) -> dict:
     return {**data, "train": deep_merge(defaults, data.get("train") or {})}
 
 
-def _check_arch_fits_task(task: type[Task], arch: str, task_name: str, source: str) -> None:
+def _check_arch_fits_task(task: Task, arch: str, task_name: str, source: str) -> None:
     task.check_architecture(get_model(arch).config)
     base = task.model_config
     if base is None or issubclass(get_model(arch).config, base):

@@ -1,6 +1,10 @@
 """``longboat sample``: images from an image generator (an export, a run directory or a checkpoint), one PNG each and
 a grid, with classifier-free guidance, and on request the metrics of ``eval/image_metrics.py``.
 
+A class-conditional model draws ``--class`` labels, guided against the null class; a text-conditioned one draws
+``--prompt`` captions, embedded by the run's own text encoder (refused when its fingerprint changed since training)
+and guided against the empty caption.
+
 Image ``i`` of a command is drawn from its own seed, ``--seed + i``: its starting noise is keyed by that seed alone,
 so an image does not depend on the batch it was sampled in, and ``--seed S+i --num 1 --class c`` redraws it. The
 settings the model was trained with (image shape, classes, objective, time shift) come from the artifact's
@@ -24,6 +28,7 @@ from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.generative.keyed_random import keyed_normal, noise_key
 from longboat.recipes.artifact import Artifact, open_artifact
 from longboat.tasks.diffusion import SPEC_FILE
+from longboat.tasks.text_encoder import TextEncoder, TextEncoderConfig
 from longboat.utils.outputs import staged_output
 
 SAMPLERS = {"flow": ("euler", "heun"), "ddpm": ("ddim",)}
@@ -48,6 +53,19 @@ class Generator:
     @property
     def objective(self) -> dict:
         return self.spec["objective"]
+
+    @property
+    def conditioning(self) -> str:
+        return self.spec.get("conditioning", "class")
+
+    def text_encoder(self) -> TextEncoder:
+        """The run's text encoder; an error when its weights, tokenizer or settings changed since training."""
+        where = f"{self.artifact.source}: {SPEC_FILE} text_encoder"
+        encoder = TextEncoder(TextEncoderConfig.model_validate(self.spec["text_encoder"]), where)
+        if encoder.fingerprint() != self.spec.get("text_encoder_fingerprint"):
+            raise ConfigError(f"{where}: the encoder's weights, tokenizer or settings differ from those the model was "
+                              "trained with (fingerprint changed)")
+        return encoder
 
 
 def open_generator(path: str | Path) -> Generator:
@@ -84,28 +102,42 @@ def check_settings(gen: Generator, classes: list[int], num: int, steps: int, cfg
     return sampler
 
 
-def guided(model: torch.nn.Module, labels: torch.Tensor, null: int, scale: float):
+Condition = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def text_condition(gen: Generator, prompts: list[str]) -> tuple[Condition, Condition]:
+    """(text [N, L, D], mask [N, L]) of ``prompts`` and the null caption's (text [L, D], mask [L]), padded alike."""
+    text, mask = gen.text_encoder().encode(list(prompts) + [""])
+    return (text[:-1], mask[:-1]), (text[-1], mask[-1])
+
+
+def guided(model: torch.nn.Module, cond: Condition, null: int | Condition, scale: float):
     """The network with classifier-free guidance: uncond + scale·(cond − uncond), both halves in one batch; scale 1
-    is the conditional network alone, 0 the unconditional one."""
+    is the conditional network alone, 0 the unconditional one. ``cond``: labels [B] or (text, mask) [B, ...];
+    ``null``: the null class, or the null caption's (text, mask) without the batch dimension."""
     channels = None
+    cond = cond if isinstance(cond, tuple) else (cond,)
+    null = null if isinstance(null, tuple) else (torch.tensor(null),)
 
     def fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         nonlocal channels
         channels = channels or x.shape[1]
         if scale == 1:
-            return model(x, t, labels)[:, :channels]
-        out = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, torch.full_like(labels, null)]))
-        cond, uncond = out[:, :channels].chunk(2)
-        return uncond + scale * (cond - uncond)
+            return model(x, t, *cond)[:, :channels]
+        both = [torch.cat([c, n.to(c).expand_as(c)]) for c, n in zip(cond, null)]
+        out = model(torch.cat([x, x]), torch.cat([t, t]), *both)
+        c, uncond = out[:, :channels].chunk(2)
+        return uncond + scale * (c - uncond)
 
     return fn
 
 
 @torch.no_grad()
-def sample_images(gen: Generator, labels: torch.Tensor, seeds: list[int], steps: int, cfg_scale: float = 1.0,
-                  sampler: str | None = None, batch_size: int = 256,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """Images [N, C, H, W] in [-1, 1] of class ``labels`` [N] (``num_classes``: none), image i from ``seeds[i]``."""
+def sample_images(gen: Generator, labels: Condition, seeds: list[int], steps: int, cfg_scale: float = 1.0,
+                  sampler: str | None = None, batch_size: int = 256, device: torch.device | str = "cpu",
+                  null: Condition | None = None) -> torch.Tensor:
+    """Images [N, C, H, W] in [-1, 1] of class ``labels`` [N] (``num_classes``: none), or of the text condition
+    (text, mask) [N, ...] with ``null`` the null caption's (``text_condition``); image i from ``seeds[i]``."""
     sampler = check_settings(gen, [], 1, steps, cfg_scale, sampler)
     model = gen.artifact.model.to(device).eval()
     objective = gen.objective
@@ -114,7 +146,9 @@ def sample_images(gen: Generator, labels: torch.Tensor, seeds: list[int], steps:
     out = []
     for i in range(0, len(seeds), batch_size):
         noise = keyed_normal(keys[i:i + batch_size], gen.shape).to(device)
-        fn = guided(model, labels[i:i + batch_size].to(device), gen.num_classes, cfg_scale)
+        part = tuple(c[i:i + batch_size].to(device) for c in labels) if isinstance(labels, tuple) \
+            else labels[i:i + batch_size].to(device)
+        fn = guided(model, part, gen.num_classes if null is None else null, cfg_scale)
         if objective["kind"] == "flow":
             shift = objective.get("effective_shift", 1.0)
             integrate = fm.euler_sample if sampler == "euler" else fm.heun_sample
@@ -155,7 +189,7 @@ def grid(images: torch.Tensor, rows: int) -> Image.Image:
     scale = max(1, math.ceil(GRID_CELL / max(h, w)))
     pad = 2
     sheet = Image.new("L" if c == 1 else "RGB", (cols * (w * scale + pad) + pad, rows * (h * scale + pad) + pad),
-                      255)
+                      255 if c == 1 else (255, 255, 255))  # white between cells (255 alone is red in RGB)
     for i in range(n):
         cell = to_pil(images[i]).resize((w * scale, h * scale), Image.Resampling.NEAREST)
         r, k = divmod(i, cols)
@@ -173,11 +207,17 @@ def _png(image: Image.Image) -> bytes:
 
 def sample(model_path: str | Path, out_dir: str | Path, classes: list[int] | None = None, num: int = 8,
            steps: int = 32, cfg_scale: float = 1.0, seed: int = 0, sampler: str | None = None,
-           metrics: bool = False, overwrite: bool = False, batch_size: int = 256, device: str = "cpu") -> dict:
+           metrics: bool = False, overwrite: bool = False, batch_size: int = 256, device: str = "cpu",
+           prompts: list[str] | None = None) -> dict:
     """Write ``num`` images of each class in ``classes`` (every class when None; unconditional for a model with no
-    classes) as PNGs and ``grid.png`` (a row per class) to ``out_dir``; with ``metrics`` also ``metrics.json``.
-    Returns the metrics (empty without them)."""
+    classes), or of each of ``prompts`` for a text-conditioned model, as PNGs and ``grid.png`` (a row per class or
+    prompt) to ``out_dir``; with ``metrics`` also ``metrics.json``. Returns the metrics (empty without them)."""
     gen = open_generator(model_path)
+    if gen.conditioning == "text":
+        return sample_prompts(gen, out_dir, classes, prompts, num, steps, cfg_scale, seed, sampler, metrics,
+                              overwrite, batch_size, device)
+    if prompts:
+        raise ConfigError(f"--prompt: {gen.artifact.source} is class-conditional; draw it with --class")
     if gen.num_classes == 0 and classes:
         raise ConfigError(f"--class: {gen.artifact.source} is an unconditional model (no classes)")
     if not classes:
@@ -217,3 +257,26 @@ def image_scores(gen: Generator, images: torch.Tensor, labels: torch.Tensor) -> 
     labels = labels.clone()
     labels[labels >= gen.num_classes] = -1
     return judge.score(images, labels)
+
+
+def sample_prompts(gen: Generator, out_dir: str | Path, classes: list[int] | None, prompts: list[str] | None,
+                   num: int, steps: int, cfg_scale: float, seed: int, sampler: str | None, metrics: bool,
+                   overwrite: bool, batch_size: int, device: str) -> dict:
+    """``sample`` for a text-conditioned model: ``num`` images of each prompt, a grid row per prompt."""
+    if classes:
+        raise ConfigError(f"--class: {gen.artifact.source} is conditioned on text; draw it with --prompt")
+    if not prompts:
+        raise ConfigError(f"--prompt: {gen.artifact.source} is conditioned on text; give at least one --prompt")
+    if metrics:
+        raise ConfigError("--metrics scores class-conditional models; this one is conditioned on text")
+    sampler = check_settings(gen, [], num, steps, cfg_scale, sampler)
+    (text, mask), null = text_condition(gen, prompts)
+    rows = torch.arange(len(prompts)).repeat_interleave(num)
+    seeds = [seed + i for i in range(len(rows))]
+    images = sample_images(gen, (text[rows], mask[rows]), seeds, steps, cfg_scale, sampler, batch_size, device, null)
+    with staged_output(out_dir, overwrite, [gen.artifact.source]) as stage:
+        for i, (image, row, s) in enumerate(zip(images, rows.tolist(), seeds)):
+            (stage / f"{i:05d}_prompt-{row}_seed-{s}.png").write_bytes(_png(to_pil(image)))
+        (stage / "grid.png").write_bytes(_png(grid(images, len(prompts))))
+        (stage / "prompts.json").write_text(json.dumps(prompts, indent=2, ensure_ascii=False) + "\n")
+    return {}

@@ -1,12 +1,16 @@
-"""Image generation: a class-conditional network trained by flow matching (rectified flow) or DDPM on labelled images.
+"""Image generation: a class- or text-conditional network trained by flow matching (rectified flow) or DDPM.
 
 The data (``data/image_sources.py``) decides the model's ``image_size``, ``in_channels`` and ``num_classes``; any
-architecture whose config meets the image-generator contract (``models/contracts.py``) trains. Every random draw
-of a sample (its time, noise and whether its label drops to the null class for classifier-free guidance) is keyed
+architecture whose config meets the image-generator contract (``models/contracts.py``) trains, conditioned as its
+config declares. With ``data.text_encoder`` the captions are embedded once by a registry decoder
+(``text_encoder.py``), cached (``caption_cache.py``), and the model's ``text_dim`` comes from the encoder; a dropped
+caption becomes the empty caption's embedding, the null condition. Every random draw
+of a sample (its time, noise and whether its condition drops to the null one for classifier-free guidance) is keyed
 by (seed, the sample's position in the job's sample stream), so one process or several ranks, and a resumed run,
 draw the same. Validation adds the loss in time buckets (``loss/t0.00-0.25`` ...). EMA weights are on by default.
 
-Exports carry ``diffusion.json``: the image shape, the class names and the objective, all ``longboat sample`` needs.
+Exports carry ``diffusion.json``: the image shape, the class names or the text encoder (with its fingerprint), and the
+objective: all ``longboat sample`` needs.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from torch.utils.data import Dataset
 from longboat.config.base import ConfigError, StrictModel
 from longboat.data.image_sources import ImageSet, ImageSourceConfig, open_split
 from longboat.distributed.loss import LossFn, LossOutput
-from longboat.models.contracts import require_image_generator
+from longboat.models.contracts import (GeneratorCondition, accepts_text, generator_condition,
+                                       require_image_generator)
 from longboat.models.generative import flow_matching as fm
 from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform, noise_key
 from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
+from longboat.tasks.caption_cache import Captioned, CaptionTable, caption_table, default_cache_dir
+from longboat.tasks.text_encoder import TextEncoder, TextEncoderConfig
 from longboat.tasks.diffusion_latents import LatentSamples, latent_spec, open_latent_split
 from longboat.utils.registry import Registry
 
@@ -82,8 +89,10 @@ class DiffusionDataConfig(ImageSourceConfig):
     loss_weight: str = Field(default="none", description="per-time loss weighting: none, min_snr, or one registered")
     loss_weight_gamma: float = Field(default=5.0, gt=0, description="min_snr's gamma")
     eval_buckets: int = Field(default=4, ge=0, description="validation loss in this many equal time buckets")
-    source: str = Field(default="", description="'digits', a folder of class subfolders, or a .jsonl / .parquet "
-                                                "file of rows; '' with data.latents")
+    text_encoder: TextEncoderConfig | None = Field(default=None, description="condition on captions embedded by "
+                                                   "this decoder (None: on class labels)")
+    source: str = Field(default="", description="'digits', 'shapes', a folder of class subfolders, or a .jsonl / "
+                                                ".parquet file of rows; '' with data.latents")
     latents: str | None = Field(default=None, description="a latent cache directory (`longboat data encode`): train "
                                                           "on its latents instead of data.source's pixels")
 
@@ -172,43 +181,62 @@ class Objective:
         return s.add_noise(x0, noise, t), s.target(x0, noise, t), snr, factor
 
 
-def make_diffusion_loss(data: DiffusionDataConfig, num_classes: int, in_channels: int, image_size: int) -> LossFn:
+def batch_condition(batch: dict, condition: GeneratorCondition, dropped: torch.Tensor | None,
+                    null_text: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+    """The model's condition inputs for ``batch``: (labels,) or (text, text_mask), the ``dropped`` [B] samples' set
+    to the null class or the null caption."""
+    if condition.kind == "class":
+        labels = batch["label"].clone()
+        labels[labels < 0] = condition.num_classes
+        if dropped is not None:
+            labels[dropped.to(labels.device)] = condition.num_classes
+        return (labels,)
+    text, mask = batch["text"], batch["text_mask"]
+    if dropped is not None:
+        null, null_mask = (v.to(text.device) for v in null_text)
+        keep = ~dropped.to(text.device)
+        text = torch.where(keep[:, None, None], text, null.to(text.dtype))
+        mask = torch.where(keep[:, None], mask, null_mask)
+    return text, mask
+
+
+def make_diffusion_loss(data: DiffusionDataConfig, condition: GeneratorCondition, in_channels: int, image_size: int,
+                        null_text: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossFn:
     objective = Objective(data.objective, image_size)
     weight_fn = _LOSS_WEIGHTS.get(data.loss_weight)
     gamma = data.loss_weight_gamma
 
-    def per_sample(model, x0, labels, keys, t):
+    def per_sample(model, x0, cond, keys, t):
         noise = keyed_normal(keys, tuple(x0.shape[1:]), _NOISE, dtype=x0.dtype)
         x_t, target, snr, factor = objective.pair(x0, noise, t)
-        out = model(x_t, t, labels)[:, :in_channels]
+        out = model(x_t, t, *cond)[:, :in_channels]
         return (out.float() - target.float()).pow(2).flatten(1).mean(1), snr, factor
 
     def diffusion_loss(model: torch.nn.Module, batch: dict) -> LossOutput:
         x0, keys = batch["image"], batch["noise_key"]
-        labels = batch["label"].clone()
-        labels[labels < 0] = num_classes
+        dropped = None
         if data.cond_dropout > 0:
             dropped = keyed_uniform(keys, (1,), _DROP, torch.float64)[:, 0] < data.cond_dropout
-            labels[dropped] = num_classes
+        cond = batch_condition(batch, condition, dropped, null_text)
         t = objective.times(keyed_uniform(keys, (1,), _TIME)[:, 0].to(x0.device))
-        mse, snr, factor = per_sample(model, x0, labels, keys, t)
+        mse, snr, factor = per_sample(model, x0, cond, keys, t)
         loss = mse * weight_fn(snr, factor, gamma).to(mse)
         n = x0.shape[0]
         metrics = {"mse": mse.detach().mean()}
         if not model.training and data.eval_buckets:
-            metrics.update(bucket_losses(per_sample, model, x0, labels, keys, objective, data.eval_buckets))
+            metrics.update(bucket_losses(per_sample, model, x0, cond, keys, objective, data.eval_buckets))
         return LossOutput(loss.sum(), n, n, metrics)
 
     return diffusion_loss
 
 
 @torch.no_grad()
-def bucket_losses(per_sample, model, x0, labels, keys, objective: Objective, buckets: int) -> dict:
+def bucket_losses(per_sample, model, x0, cond, keys, objective: Objective, buckets: int) -> dict:
     """The unweighted loss of every sample at a keyed time inside each of ``buckets`` equal spans of [0, 1]."""
     out = {}
     for b in range(buckets):
         u = (b + keyed_uniform(keys, (1,), _BUCKET + b)[:, 0].to(x0.device)) / buckets
-        mse, _, _ = per_sample(model, x0, labels, keys, objective.times(u, raw=True))
+        mse, _, _ = per_sample(model, x0, cond, keys, objective.times(u, raw=True))
         out[f"loss/t{b / buckets:.2f}-{(b + 1) / buckets:.2f}"] = mse.mean()
     return out
 
@@ -216,7 +244,7 @@ def bucket_losses(per_sample, model, x0, labels, keys, objective: Objective, buc
 # ---- the task -------------------------------------------------------------------------------------------------------
 @register_task("diffusion")
 class DiffusionTask(Task):
-    """Class-conditional image generation by flow matching or DDPM."""
+    """Class- or text-conditional image generation by flow matching or DDPM."""
 
     data_config = DiffusionDataConfig
     unit = "images"
@@ -227,6 +255,8 @@ class DiffusionTask(Task):
         super().__init__(data)
         self._split: tuple[ImageSet, ImageSet | None] | None = None
         self._spec: bytes | None = None  # set by build, or by a checkpoint's task state
+        self._encoder: TextEncoder | None = None
+        self._reads_text, self._reads_classes = False, True  # what the architecture takes (check_architecture)
         _LOSS_WEIGHTS.get(data.loss_weight)  # an unknown name fails now, listing the known ones
 
     def images(self) -> tuple[ImageSet, ImageSet | None]:
@@ -245,14 +275,30 @@ class DiffusionTask(Task):
     def _classes(self) -> list[str]:
         return self.images()[0].classes
 
-    @classmethod
-    def check_architecture(cls, config) -> None:
+    @property
+    def text_encoder(self) -> TextEncoder | None:
+        if self._encoder is None and self.data.text_encoder is not None:
+            self._encoder = TextEncoder(self.data.text_encoder)
+        return self._encoder
+
+    def check_architecture(self, config) -> None:
+        """Refuse a config class that is no image generator, and note whether it can read text."""
         require_image_generator(config, "diffusion")
+        self._reads_text = accepts_text(config)
+        self._reads_classes = "num_classes" in getattr(config, "model_fields", {})
 
     def configure_model(self, fields: dict) -> dict:
         channels, size = self._shape()
-        found = {"image_size": size, "in_channels": channels, "num_classes": len(self._classes())}
-        return fill_from_data(fields, found, self.data.latents or self.data.source)
+        found = {"image_size": size, "in_channels": channels}
+        if self.text_encoder is not None:
+            if not self._reads_text:
+                raise ConfigError("data.text_encoder: the model's config declares no text_dim, it reads no text; "
+                                  "drop data.text_encoder or pick a text-conditioned architecture")
+            found["text_dim"] = self.text_encoder.hidden_size
+        elif self._reads_classes:
+            found["num_classes"] = len(self._classes())
+        where = self.data.latents or self.data.source
+        return fill_from_data(fields, found, where if self.text_encoder is None else f"{where} and data.text_encoder")
 
     def check(self, model_cfg) -> None:
         cfg = require_image_generator(model_cfg, "diffusion")
@@ -261,10 +307,35 @@ class DiffusionTask(Task):
             what = "data.latents' latents" if self.data.latents else "(data.channels, data.image_size)"
             raise ConfigError(f"model: makes {cfg.in_channels}×{cfg.image_size}×{cfg.image_size} images, the data "
                               f"{channels}×{size}×{size} {what}")
-        classes = len(self._classes())
-        if cfg.num_classes < classes:
-            raise ConfigError(f"model.num_classes={cfg.num_classes} is below the {classes} classes of "
-                              f"{self.data.latents or self.data.source}")
+        condition = generator_condition(cfg)
+        encoder = self.text_encoder
+        if condition.kind == "class":
+            if encoder is not None:
+                raise ConfigError(f"data.text_encoder: model {type(cfg).__name__} is class-conditional (text_dim "
+                                  "unset), it reads no text; drop data.text_encoder or condition the model on text")
+            classes = len(self._classes())
+            if cfg.num_classes < classes:
+                raise ConfigError(f"model.num_classes={cfg.num_classes} is below the {classes} classes of "
+                                  f"{self.data.latents or self.data.source}")
+            return
+        if encoder is None:
+            raise ConfigError(f"model: {type(cfg).__name__} is conditioned on text (text_dim={condition.text_dim}); "
+                              "set data.text_encoder to embed the captions")
+        encoder.check()
+        if encoder.hidden_size != condition.text_dim:
+            raise ConfigError(f"data.text_encoder: its hidden size is {encoder.hidden_size}, model.text_dim is "
+                              f"{condition.text_dim}; they must match")
+        if self.images()[0].captions is None:
+            where = f"data.latents: {self.data.latents}" if self.data.latents else f"data.source: {self.data.source}"
+            raise ConfigError(f"{where} has no captions (column '{self.data.caption_key}', data.caption_key); "
+                              "data.text_encoder needs one per image")
+
+    def captions(self) -> CaptionTable:
+        """The caption table of every image, read from the cache or encoded once into it."""
+        train, valid = self.images()
+        captions = list(train.captions) + (list(valid.captions) if valid is not None else [])
+        cache_dir = self.data.text_encoder.cache_dir or default_cache_dir(self.data.latents or self.data.source)
+        return caption_table(self.text_encoder, captions, cache_dir)
 
     def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
         self.check(model_cfg)
@@ -273,14 +344,24 @@ class DiffusionTask(Task):
         if valid is not None and len(valid) < per_step:
             raise ConfigError(f"data: the validation split holds {len(valid)} images, fewer than one micro-batch on "
                               f"every rank ({train_cfg.micro_batch_size} × {dp_size}); raise data.valid_fraction")
+        condition = generator_condition(model_cfg)
+        table = self.captions() if condition.kind == "text" else None
         self._spec = self._make_spec(model_cfg)
-        loss = make_diffusion_loss(self.data, model_cfg.num_classes, model_cfg.in_channels, model_cfg.image_size)
-        summary = {"train_images": len(train), "valid_images": len(valid) if valid is not None else 0,
-                   "classes": len(train.classes)}
+        loss = make_diffusion_loss(self.data, condition, model_cfg.in_channels, model_cfg.image_size,
+                                   table.null if table is not None else None)
+        summary = {"train_images": len(train), "valid_images": len(valid) if valid is not None else 0}
+        if table is not None:
+            summary["captions"] = len(table.captions) - 1
+        else:
+            summary["classes"] = len(train.classes)
         if train.malformed:
             summary["unreadable_images"] = len(train.malformed)
         samples = LatentSamples if self.data.latents else ImageSamples
-        return TaskData(samples(train, seed), samples(valid, seed) if valid is not None else None, loss, summary)
+        train_set, valid_set = samples(train, seed), samples(valid, seed) if valid is not None else None
+        if table is not None:
+            train_set = Captioned(train_set, train.captions, table)
+            valid_set = Captioned(valid_set, valid.captions, table) if valid_set is not None else None
+        return TaskData(train_set, valid_set, loss, summary)
 
     def flops_per_unit(self, model_cfg) -> float | None:
         flops = getattr(model_cfg, "flops_per_sample", None)
@@ -290,9 +371,19 @@ class DiffusionTask(Task):
         objective = self.data.objective.model_dump(mode="json")
         if isinstance(self.data.objective, FlowObjective):
             objective["effective_shift"] = self.data.objective.effective_shift(model_cfg.image_size)
+        condition = generator_condition(model_cfg)
         spec = {"format_version": SPEC_VERSION, "image_size": model_cfg.image_size, "channels": model_cfg.in_channels,
-                "num_classes": model_cfg.num_classes, "classes": self._classes(), "source": self.data.source,
+                "conditioning": condition.kind, "source": self.data.source,
                 "valid_fraction": self.data.valid_fraction, "split_seed": self.data.split_seed, "objective": objective}
+        if condition.kind == "class":
+            spec.update(num_classes=model_cfg.num_classes, classes=self._classes())
+        else:
+            encoder = self.data.text_encoder.model_dump(mode="json")
+            for key in ("path", "tokenizer"):  # sampling may run from another folder
+                if encoder[key] is not None:
+                    encoder[key] = str(Path(encoder[key]).resolve())
+            spec.update(num_classes=0, text_dim=condition.text_dim, text_encoder=encoder,
+                        text_encoder_fingerprint=self.text_encoder.fingerprint())
         if self.data.latents:
             spec.update(latent_spec(self.images()[0]))
         return (json.dumps(spec, indent=2) + "\n").encode()

@@ -125,3 +125,21 @@ def test_patch_embedding_init_is_xavier_over_flattened_patches():
     torch.manual_seed(0)
     torch.nn.init.xavier_uniform_(reference)
     torch.testing.assert_close(w.view(64, 16), reference)
+
+
+def test_pooled_text_conditions_the_model_and_padding_is_ignored():
+    cfg = DiTConfig(image_size=8, in_channels=3, patch_size=4, hidden_size=32, depth=2, num_heads=2, num_classes=0,
+                    text_dim=12)
+    torch.manual_seed(0)
+    model = DiT(cfg).eval()
+    assert cfg.num_params() == sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+        x, t, text = torch.randn(2, 3, 8, 8), torch.rand(2), torch.randn(2, 3, 12)
+        out = model(x, t, text, torch.ones(2, 3, dtype=torch.bool))
+        padded = torch.cat([text, torch.randn(2, 2, 12)], dim=1)
+        mask = torch.tensor([[True] * 3 + [False] * 2] * 2)
+        torch.testing.assert_close(model(x, t, padded, mask), out, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(model(x, t, text.flip(0)), out, atol=1e-4)  # the text matters
+        assert not torch.allclose(model(x, t), out, atol=1e-4)  # no text: the null condition

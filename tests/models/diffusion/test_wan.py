@@ -37,3 +37,20 @@ def test_bad_input_is_one_line():
     with pytest.raises(ConfigError, match=r"hidden_size \(24\) must be divisible by num_heads \(5\)") as e:
         build_model("wan", {**CFG, "num_heads": 5})
     assert "\n" not in str(e.value)
+
+
+def test_an_image_is_a_one_frame_clip_and_masked_context_is_ignored():
+    torch.manual_seed(0)
+    model = Wan(WanConfig(**CFG)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+        x, t, context = torch.randn(2, 4, 8, 8), torch.rand(2), torch.randn(2, 3, 16)
+        image = model(x, t, context)
+        assert image.shape == x.shape
+        torch.testing.assert_close(image, model(x.unsqueeze(2), t, context)[:, :, 0], rtol=0, atol=0)
+        # Padding the context with tokens the mask excludes changes nothing; unmasked, it does.
+        padded = torch.cat([context, torch.randn(2, 4, 16)], dim=1)
+        mask = torch.tensor([[True] * 3 + [False] * 4] * 2)
+        torch.testing.assert_close(model(x, t, padded, mask), image, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(model(x, t, padded), image, atol=1e-3)

@@ -1,8 +1,9 @@
-"""DiT (Peebles & Xie, 2023): a class-conditional diffusion transformer over image (or latent) patches.
+"""DiT (Peebles & Xie, 2023): a class- or pooled-text-conditional diffusion transformer over image (or latent) patches.
 
 Patches are embedded by a strided convolution plus a fixed 2-D sin-cos position embedding. The condition c is the
 sum of a timestep embedding (sinusoid -> MLP) and a class embedding whose extra last row is the "null" class that
-classifier-free guidance trains and samples with. Each block modulates its two LayerNorms with shift, scale and a
+classifier-free guidance trains and samples with; with ``text_dim`` set, the masked mean of the text embeddings,
+through a small MLP, is added to it instead of a class. Each block modulates its two LayerNorms with shift, scale and a
 residual gate regressed from c (adaLN-Zero: the regressors start at zero, so every block starts as the identity);
 a final adaLN layer and a linear layer, zero too, map tokens back to patches, so a new model outputs zeros.
 
@@ -37,6 +38,9 @@ class DiTConfig(StrictModel):
     mlp_ratio: float = Field(default=4.0, gt=0, description="MLP width / hidden_size")
     num_classes: int = Field(default=1000, ge=0,
                              description="class labels 0..num_classes-1; label num_classes is the null class")
+    text_dim: int | None = Field(default=None, gt=0, description="pooled-text conditioning: the width of the text "
+                                 "embeddings whose masked mean is projected into the condition (None: class "
+                                 "labels)")
     learn_sigma: bool = Field(default=False, description="also output DiT's variance channels (out = 2·in channels)")
     qkv_bias: bool = True
     frequency_embedding_size: int = Field(default=256, gt=0, description="width of the timestep sinusoid (even)")
@@ -91,13 +95,13 @@ class DiTConfig(StrictModel):
         block = qkv + h * h + h + 2 * h * m + m + h + 6 * h * h + 6 * h
         return (self.depth * block + self.in_channels * patch * h + h + self.frequency_embedding_size * h + h
                 + h * h + h + (self.num_classes + 1) * h + 2 * h * h + 2 * h + h * patch * self.out_channels
-                + patch * self.out_channels)
+                + patch * self.out_channels + (self.text_dim * h + h + h * h + h if self.text_dim else 0))
 
     def describe(self) -> str:
         """One line for ``longboat models``."""
         return (f"{self.num_params() / 1e6:9.1f}M  blocks {self.depth:3d}  hidden {self.hidden_size:5d}  "
                 f"heads {self.num_heads}  {self.in_channels}x{self.image_size}x{self.image_size} / patch "
-                f"{self.patch_size}  classes {self.num_classes}")
+                f"{self.patch_size}  " + (f"text {self.text_dim}" if self.text_dim else f"classes {self.num_classes}"))
 
     def flops_per_sample(self) -> float:
         """Training FLOPs (forward + backward, 3 × the forward's multiply-adds × 2) of one sample."""
@@ -105,7 +109,8 @@ class DiTConfig(StrictModel):
         patch = self.patch_size ** 2
         block = n * (2 * h * 3 * h + 2 * h * h + 4 * h * m) + 4 * n * n * h + 2 * h * 6 * h
         forward = (self.depth * block + 2 * n * self.in_channels * patch * h + 2 * n * h * patch * self.out_channels
-                   + 2 * h * 2 * h + 2 * (self.frequency_embedding_size * h + h * h))
+                   + 2 * h * 2 * h + 2 * (self.frequency_embedding_size * h + h * h)
+                   + (2 * (self.text_dim * h + h * h) if self.text_dim else 0))
         return 3.0 * forward
 
 
@@ -215,6 +220,8 @@ class DiT(nn.Module):
         self.register_buffer("pos_embed", torch.empty(1, cfg.num_patches, h), persistent=False)
         self.time_mlp = nn.Sequential(nn.Linear(cfg.frequency_embedding_size, h), nn.SiLU(), nn.Linear(h, h))
         self.label_embed = nn.Embedding(cfg.num_classes + 1, h)
+        if cfg.text_dim:  # pooled text -> the condition
+            self.text_mlp = nn.Sequential(nn.Linear(cfg.text_dim, h), nn.SiLU(), nn.Linear(h, h))
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.final = FinalLayer(cfg)
         self.init_weights()
@@ -239,32 +246,47 @@ class DiT(nn.Module):
         xavier_as_linear(self.patch_embed.weight)
         nn.init.zeros_(self.patch_embed.bias)
         nn.init.normal_(self.label_embed.weight, std=0.02)
-        for layer in (self.time_mlp[0], self.time_mlp[2]):
+        for layer in (self.time_mlp[0], self.time_mlp[2]) + ((self.text_mlp[0], self.text_mlp[2])
+                                                            if self.cfg.text_dim else ()):
             nn.init.normal_(layer.weight, std=0.02)
         for layer in [b.modulation for b in self.blocks] + [self.final.modulation, self.final.linear]:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def condition(self, t: torch.Tensor, labels: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """The condition c [B, hidden]: timestep embedding + class embedding."""
+    def condition(self, t: torch.Tensor, cond: torch.Tensor | None, dtype: torch.dtype,
+                  cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The condition c [B, hidden]: timestep embedding + class embedding, or + the projected masked mean of the
+        text embeddings ``cond`` [B, L, text_dim] (mask [B, L], True: a real token) for a text-conditioned DiT."""
         steps = t.float() * self.cfg.time_scale if t.is_floating_point() else t.float()
         freq = timestep_sinusoid(steps, self.cfg.frequency_embedding_size, self.cfg.time_freq_shift)
-        if labels is None:
-            labels = torch.full((t.shape[0],), self.cfg.null_label, dtype=torch.long, device=t.device)
-        return self.time_mlp(freq.to(dtype)) + self.label_embed(labels)
+        null = torch.full((t.shape[0],), self.cfg.null_label, dtype=torch.long, device=t.device)
+        if not self.cfg.text_dim:
+            return self.time_mlp(freq.to(dtype)) + self.label_embed(null if cond is None else cond)
+        c = self.time_mlp(freq.to(dtype)) + self.label_embed(null)
+        if cond is None:
+            return c
+        if cond_mask is None:
+            pooled = cond.mean(1)
+        else:
+            weights = cond_mask.to(cond.dtype).unsqueeze(-1)
+            pooled = (cond * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return c + self.text_mlp(pooled.to(dtype))
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """[B, grid², p·p·C] (each token's values ordered row, column, channel) -> [B, C, H, W]."""
         g, p, c = self.cfg.grid_size, self.cfg.patch_size, self.cfg.out_channels
         return x.view(-1, g, g, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(-1, c, g * p, g * p)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | None = None,
+                cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``cond``: class labels [B] (None: the null class), or text embeddings [B, L, text_dim] with their mask
+        ``cond_mask`` [B, L] when ``text_dim`` is set (None: no text)."""
         cfg = self.cfg
         if tuple(x.shape[1:]) != (cfg.in_channels, cfg.image_size, cfg.image_size):
             raise ValueError(f"DiT takes [B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size}] inputs, "
                              f"got {list(x.shape)}")
         tokens = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed.to(x.dtype)
-        c = F.silu(self.condition(t, labels, tokens.dtype))
+        c = F.silu(self.condition(t, cond, tokens.dtype, cond_mask))
         for block in self.blocks:
             tokens = block(tokens, c)
         return self.unpatchify(self.final(tokens, c))

@@ -18,7 +18,7 @@ from longboat.models.llm.hf.adapter import HFConversionError
 CLASS_NAME = "DiTTransformer2DModel"
 
 # What diffusers' DiT fixes and our config leaves open: the value it needs.
-_FIXED = {"time_freq_shift": 1.0, "norm_eps": 1e-6, "frequency_embedding_size": 256}
+_FIXED = {"time_freq_shift": 1.0, "norm_eps": 1e-6, "frequency_embedding_size": 256, "text_dim": None}
 # diffusers options with the one value we represent (the rest map to fields below).
 _REQUIRED = {"dropout": 0.0, "activation_fn": "gelu-approximate", "upcast_attention": False,
              "norm_type": "ada_norm_zero", "norm_elementwise_affine": False}

@@ -28,6 +28,8 @@ from longboat.models.diffusion.dit import timestep_sinusoid, xavier_as_linear
 class WanConfig(StrictModel):
     """The defaults are Wan 2.1 T2V 1.3B's layout (12 heads of 128, 30 blocks, UMT5-XXL's 4096-wide text)."""
 
+    image_size: int | None = Field(default=None, gt=0, description="the frame side a task trains it at (the network "
+                                   "itself takes any side its patches divide); None: not fixed")
     patch_size: tuple[int, int, int] = Field(default=(1, 2, 2), description="frames, rows, columns per patch")
     in_channels: int = Field(default=16, gt=0)
     out_channels: int | None = Field(default=None, gt=0, description="None: in_channels")
@@ -91,8 +93,11 @@ class AttentionCore(nn.Module):
     """Scaled dot-product attention over token-major queries, keys and values [B, N, H, D] -> [B, N, H, D]: a
     module of its own so that context parallelism can exchange heads for tokens around it."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` [B, 1, 1, L]: True where a key is attended (cross-attention to padded text)."""
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        return out.transpose(1, 2)
 
 
 class Attention(nn.Module):
@@ -109,14 +114,18 @@ class Attention(nn.Module):
         self.core = AttentionCore()
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` [B, 1, 1, L] (cross-attention): True where the context token is attended."""
         kv = x if context is None else context
         q = self.q_norm(self.q(x)).unflatten(-1, (self.num_heads, -1))
         k = self.k_norm(self.k(kv)).unflatten(-1, (self.num_heads, -1))
         v = self.v(kv).unflatten(-1, (self.num_heads, -1))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return self.o(self.core(q, k, v).flatten(2))
+        if mask is None:  # context parallelism wraps the self-attention core, which takes no mask
+            return self.o(self.core(q, k, v).flatten(2))
+        return self.o(self.core(q, k, v, mask).flatten(2))
 
 
 class WanBlock(nn.Module):
@@ -133,11 +142,11 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.empty(1, 6, h))  # added to the shared timestep modulation
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, mod: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """``mod``: the timestep's six modulation vectors [B, 6, hidden]."""
+                rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mod``: the timestep's six modulation vectors [B, 6, hidden]; ``mask``: the context's, as attention's."""
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod).chunk(6, dim=1)
         x = x + gate1 * self.self_attn(self.norm1(x) * (1 + scale1) + shift1, rope=rope)
-        x = x + self.cross_attn(self.norm2(x), context)
+        x = x + self.cross_attn(self.norm2(x), context, mask=mask)
         mlp = self.fc2(F.gelu(self.fc1(self.norm3(x) * (1 + scale2) + shift2), approximate="tanh"))
         return x + gate2 * mlp
 
@@ -156,7 +165,9 @@ class WanFinal(nn.Module):
 
 
 class Wan(nn.Module):
-    """``model(x [B, C, F, H, W], t [B], context [B, L, text_dim]) -> [B, out_channels, F, H, W]``."""
+    """``model(x [B, C, F, H, W], t [B], context [B, L, text_dim], context_mask [B, L]) -> [B, out_channels, F, H,
+    W]``; an image [B, C, H, W] is taken as a clip of one frame and comes back as an image. ``context_mask`` (True: a
+    real token; None: all are) keeps cross-attention off padding."""
 
     def __init__(self, cfg: WanConfig):
         super().__init__()
@@ -209,7 +220,10 @@ class Wan(nn.Module):
 
         return table(self.rope_cos), table(self.rope_sin)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
+                context_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() == 4:
+            return self.forward(x.unsqueeze(2), t, context, context_mask).squeeze(2)
         cfg = self.cfg
         B, _, F_, H, W = x.shape
         (pt, ph, pw), limit = cfg.patch_size, cfg.rope_max_seq_len
@@ -221,10 +235,11 @@ class Wan(nn.Module):
         steps = t.float() * cfg.time_scale if t.is_floating_point() else t.float()
         temb = self.time_mlp(timestep_sinusoid(steps, cfg.freq_dim, 0.0).to(tokens.dtype))
         mod = self.time_proj(F.silu(temb)).unflatten(1, (6, -1))
-        context = self.text_mlp(context)
+        context = self.text_mlp(context.to(tokens.dtype))
+        mask = None if context_mask is None else context_mask.bool()[:, None, None, :]
         rope = self.rope(*grid)
         for block in self.blocks:
-            tokens = block(tokens, context, mod, rope)
+            tokens = block(tokens, context, mod, rope, mask)
         out = self.final(tokens, temb)  # [B, N, p_t·p_h·p_w·C], each token's values ordered (p_t, p_h, p_w, C)
         out = out.view(B, *grid, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(B, -1, F_, H, W)
