@@ -249,9 +249,15 @@ def serving_in_thread(server: PolicyServer, timeout: float = 30.0) -> Iterator[i
 
 
 def _wait_for_eof(stream: BinaryIO, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
-    """In a thread: read ``stream`` to its end, then stop the server (its parent closed the pipe or died)."""
+    """In a thread: read ``stream`` to its end, then stop the server (its parent closed the pipe or died). Its file
+    descriptor is read directly where it has one: a buffered stream stays locked while this thread waits in it, and
+    the interpreter, ending after a SIGTERM with this thread still waiting, aborts ("could not acquire lock")."""
     try:
-        while stream.read(4096):
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (an in-memory stream): read it as it is
+        fd = None
+    try:
+        while os.read(fd, 4096) if fd is not None else stream.read(4096):
             pass
     except (OSError, ValueError):  # closed under us: the same as its end
         pass
