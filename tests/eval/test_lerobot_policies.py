@@ -76,6 +76,18 @@ def run_eval_cli(tmp_path: Path, plugin: Path, policy: Path, capsys) -> Path:
 
 
 @pytest.fixture
+def one_thread():
+    """The policy in this process on one thread, as the eval's server runs it (``serve.threads``): torch's threads
+    fighting over a busy machine's cores make each forward pass tens of times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def env_actions(point_plugin, monkeypatch):
     """Every action the point simulator's envs take, per episode seed (the envs step in this process)."""
     from longboat.sim import make_env
@@ -143,7 +155,8 @@ CASES = {  # fixture: (the schedule summary.json records, replan, ensemble, n_ob
 
 @pytest.mark.slow  # a policy server starts in a child process (about 10 s)
 @pytest.mark.parametrize("name", list(CASES))
-def test_eval_runs_a_lerobot_policy_directory_in_closed_loop(name, tmp_path, capsys, point_plugin, env_actions):
+def test_eval_runs_a_lerobot_policy_directory_in_closed_loop(name, tmp_path, capsys, point_plugin, env_actions,
+                                                           one_thread):
     schedule, replan, ensemble, n_obs = CASES[name]
     policy = square_frames(name, tmp_path)
     out = run_eval_cli(tmp_path, point_plugin, policy, capsys)

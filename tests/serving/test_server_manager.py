@@ -30,6 +30,8 @@ def test_manager_restarts_a_killed_server_and_the_client_carries_on(tmp_path):
     with pytest.raises(ProcessLookupError):  # stopped: SIGTERM to its process group
         os.kill(pid, 0)
     assert "serving on ws://127.0.0.1" in log.read_text()
+    # SIGTERM ends it cleanly, its stdin watcher still waiting (reading a locked buffered stdin aborted the exit).
+    assert "stopped after" in log.read_text() and "Fatal Python error" not in log.read_text()
     assert "websockets" not in log.read_text()  # connections and health checks are not logged unless --verbose
     assert log.read_text().count("[manager]") == 2
 
