@@ -164,6 +164,8 @@ def test_eval_runs_a_lerobot_policy_directory_in_closed_loop(name, tmp_path, cap
     assert [e["seed"] for e in episodes] == SEEDS
     summary = json.loads((out / "summary.json").read_text())
     assert summary["chunk_schedule"] == schedule and summary["overall"]["episodes"] == len(SEEDS)
+    report = (out / "report.html").read_text()
+    assert ("temporal ensemble (coefficient 0.01)" in report) == (ensemble is not None)
     served = served_export(open_policy(open_artifact(policy)))
     for episode in episodes:
         length = episode["length"]
