@@ -231,7 +231,7 @@ class Wan(nn.Module):
         if F_ % pt or H % ph or W % pw or max(grid) > limit:
             raise ValueError(f"Wan takes [B, C, F, H, W] inputs that {cfg.patch_size} patches divide, at most {limit} "
                              f"patches an axis; got {list(x.shape)}")
-        tokens = self.patch_embed(x).flatten(2).transpose(1, 2)
+        tokens = self.patch_embed(x).flatten(2).transpose(1, 2).contiguous()  # token-major rows for every matmul
         steps = t.float() * cfg.time_scale if t.is_floating_point() else t.float()
         temb = self.time_mlp(timestep_sinusoid(steps, cfg.freq_dim, 0.0).to(tokens.dtype))
         mod = self.time_proj(F.silu(temb)).unflatten(1, (6, -1))
