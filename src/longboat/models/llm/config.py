@@ -76,9 +76,12 @@ class DecoderConfig(StrictModel):
     # Multimodal RoPE (Qwen2-VL and later): positions [3, B, T] (time, height, width); each rotary frequency reads
     # one of the three rows. ``mrope_section``: how many of the head_dim/2 frequencies each row drives, in
     # consecutive sections (Qwen2.5-VL) or, with ``mrope_interleaved``, frequency i from row i mod 3 while that
-    # row's section lasts (Qwen3-VL). Positions [B, T] (text) rotate as plain RoPE.
+    # row's section lasts (Qwen3-VL), or, with ``mrope_alternating``, the first 2·section[1] frequencies alternate
+    # height (even) and width (odd) and the last section[0] read time (ERNIE-4.5-VL; section[1] == section[2]).
+    # Positions [B, T] (text) rotate as plain RoPE.
     mrope_section: tuple[int, int, int] | None = None
     mrope_interleaved: bool = False
+    mrope_alternating: bool = False
     norm_eps: float = Field(default=1e-5, gt=0)
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -111,6 +114,12 @@ class DecoderConfig(StrictModel):
             raise ValueError("dense_layers is set but moe is not: every layer is already dense")
         if self.mrope_interleaved and self.mrope_section is None:
             raise ValueError("mrope_interleaved needs mrope_section")
+        if self.mrope_alternating:
+            if self.mrope_section is None or self.mrope_interleaved:
+                raise ValueError("mrope_alternating needs mrope_section and excludes mrope_interleaved")
+            if self.mrope_section[1] != self.mrope_section[2]:
+                raise ValueError(f"mrope_alternating needs equal height and width sections, got mrope_section "
+                                 f"{list(self.mrope_section)}")
         if self.mrope_section is not None and self.attention == "gqa" \
                 and sum(self.mrope_section) != self.head_size // 2:
             raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim / 2 "

@@ -164,7 +164,7 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.mrope_axes = None if cfg.mrope_section is None else mrope_axes(
-            cfg.rope_dim, cfg.mrope_section, cfg.mrope_interleaved)
+            cfg.rope_dim, cfg.mrope_section, cfg.mrope_interleaved, cfg.mrope_alternating)
         self.last_moe_aux: list[dict[str, torch.Tensor]] = []  # the MoE layers' aux dicts of the last forward
         self.init_weights()
 
