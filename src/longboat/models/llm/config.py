@@ -92,6 +92,9 @@ class DecoderConfig(StrictModel):
     # width ffn_dim (DeepSeek's first_k_dense_replace = [0..k-1]; Qwen3-MoE's mlp_only_layers).
     moe: MoEConfig | None = None
     dense_layers: list[int] = Field(default_factory=list)
+    # Experts for image tokens (ERNIE-4.5-VL): each MoE layer routes text tokens through ``moe`` and the tokens the
+    # composed model marks as vision through these (own router, bias and width; ``moe``'s shared experts see all).
+    vision_moe: MoEConfig | None = None
 
     # Multi-head latent attention (DeepSeek-V2/V3): "mla" replaces wq/wk/wv with low-rank projections and
     # ignores n_kv_heads, head_dim, qkv_bias and qk_norm.
@@ -112,6 +115,9 @@ class DecoderConfig(StrictModel):
             raise ValueError(f"dense_layers {bad} are outside the {self.n_layers} layers (0..{self.n_layers - 1})")
         if self.dense_layers and self.moe is None:
             raise ValueError("dense_layers is set but moe is not: every layer is already dense")
+        if self.vision_moe is not None and (self.moe is None or self.vision_moe.d_model != self.d_model
+                                            or self.vision_moe.n_shared_experts):
+            raise ValueError("vision_moe needs moe, the decoder's d_model and no shared experts of its own")
         if self.mrope_interleaved and self.mrope_section is None:
             raise ValueError("mrope_interleaved needs mrope_section")
         if self.mrope_alternating:
@@ -192,7 +198,10 @@ class DecoderConfig(StrictModel):
     def _moe_params(self, active: bool) -> int:
         m, d = self.moe, self.d_model
         routed = (m.top_k if active else m.n_experts) * 3 * d * m.expert_ffn_dim
-        return d * m.n_experts + routed + 3 * d * m.shared_dim + (d if m.shared_expert_gate else 0)
+        out = d * m.n_experts + routed + 3 * d * m.shared_dim + (d if m.shared_expert_gate else 0)
+        if (v := self.vision_moe) is not None:  # a token uses one group: count the text group's as active
+            out += 0 if active else d * v.n_experts + v.n_experts * 3 * d * v.expert_ffn_dim
+        return out
 
     def num_params(self, include_embeddings: bool = True, active: bool = False) -> int:
         """Parameter count computed from the config alone; without embeddings excludes the token

@@ -3,7 +3,7 @@ tokens to the vision experts, each group with its own router, selection bias and
 every token.
 
 Routing is per token and dropless, so running each group on its own tokens gives what one layer over the whole batch
-would for that group. A batch with no vision token runs the text group on every token.
+would for that group. A batch with no vision token runs the text group on every token (and the vision group on none).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from longboat.models.moe.layer import MoE
 
 class ModalityMoE(nn.Module):
     """forward(x [B, T, d], vision [B, T] bool or None) -> (y [B, T, d], aux). ``text``'s shared experts (if any)
-    become this layer's, applied to every token; ``vision`` has none of its own."""
+    become this layer's, applied to every token; ``vision`` has none of its own. aux: the groups' losses summed, their
+    ``load`` and ``dropped`` counts side by side (text experts, then vision experts)."""
 
     def __init__(self, text: MoEConfig, vision: MoEConfig) -> None:
         super().__init__()
@@ -48,16 +49,21 @@ class ModalityMoE(nn.Module):
     def forward(self, x: Tensor, vision: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         shape = x.shape
         tokens = x.reshape(-1, self.d_model)
-        if vision is None or not bool(vision.any()):
-            out, aux = self.text(tokens)
-            aux = {**aux, "vision_load": tokens.new_zeros(self.vision.cfg.n_experts)}
-        else:
-            mask = vision.reshape(-1)
-            out = torch.empty_like(tokens)
-            text_out, aux = self.text(tokens[~mask])
-            vision_out, vision_aux = self.vision(tokens[mask])
-            out[~mask], out[mask] = text_out.to(out.dtype), vision_out.to(out.dtype)
-            aux = {**aux, "loss": aux["loss"] + vision_aux["loss"], "vision_load": vision_aux["load"]}
+        mask = torch.zeros(len(tokens), dtype=torch.bool, device=x.device) if vision is None else vision.reshape(-1)
+        out = torch.empty_like(tokens)
+        text_out, aux = self.text(tokens[~mask])  # a group without tokens runs on none (every rank steps alike)
+        vision_out, vision_aux = self.vision(tokens[mask])
+        out[~mask], out[mask] = text_out.to(out.dtype), vision_out.to(out.dtype)
+        aux = {"loss": aux["loss"] + vision_aux["loss"],
+               "load": torch.cat([aux["load"], vision_aux["load"]]),  # text experts, then vision experts
+               "dropped": torch.cat([aux["dropped"], vision_aux["dropped"]])}
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         return out.view(shape), aux
+
+    @torch.no_grad()
+    def record_load(self, load: Tensor) -> None:
+        """Add one forward's aux["load"] (text experts, then vision experts) to each group's count."""
+        n = self.text.cfg.n_experts
+        self.text.record_load(load[:n])
+        self.vision.record_load(load[n:])
