@@ -167,6 +167,34 @@ def test_mrope_tables_equal_transformers_recomposition(family, interleaved):
     torch.testing.assert_close(sin, torch.cat([-want_sin[..., :16], want_sin[..., 16:]], -1), atol=1e-6, rtol=0)
 
 
+def test_alternating_mrope_equals_ernie_4_5_vl_rotation():
+    """ERNIE-4.5-VL's 3-D RoPE (pre-rotated height/width frequencies, adjacent-pair rotation) on q [B, H, T, D] equals
+    ours (``mrope_alternating``) on the same q with each head's pairs in rotate-half order."""
+    from transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeTextRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    from longboat.models.llm.model import Decoder
+    from longboat.models.llm.rope import apply_rope
+
+    config = transformers.AutoConfig.for_model(
+        "ernie4_5_vl_moe", text_config=dict(hidden_size=128, num_attention_heads=4, head_dim=32, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [6, 6, 4]})).text_config  # h, w, t
+    positions = torch.randint(0, 60, (3, 2, 7), generator=torch.Generator().manual_seed(0))
+    q = torch.randn(2, 4, 7, 32, generator=torch.Generator().manual_seed(1))
+    cos, sin = Ernie4_5_VLMoeTextRotaryEmbedding(config)(q, positions)
+    want, _ = apply_rotary_pos_emb(q, q, cos, sin)
+
+    def halves(x):  # adjacent pairs (2i, 2i+1) to (i, i + D/2)
+        return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+    decoder = Decoder(DecoderConfig(**{**MROPE, "d_model": 128, "head_dim": 32, "mrope_section": (4, 6, 6),
+                                       "mrope_alternating": True}))
+    ours = apply_rope(halves(q).transpose(1, 2), *decoder._rope(7, positions, None)).transpose(1, 2)
+    torch.testing.assert_close(ours, halves(want), atol=1e-5, rtol=0)
+
+
 def test_mrope_with_equal_rows_is_plain_rope_and_cache_keeps_positions():
     from longboat.models.llm.model import Decoder
 
@@ -190,6 +218,8 @@ def test_mrope_with_equal_rows_is_plain_rope_and_cache_keeps_positions():
 @pytest.mark.parametrize("change, message", [
     (dict(mrope_section=(2, 3, 4)), "must sum to head_dim / 2"),
     (dict(mrope_section=None, mrope_interleaved=True), "mrope_interleaved needs mrope_section"),
+    (dict(mrope_section=(2, 3, 3), mrope_interleaved=True, mrope_alternating=True), "excludes mrope_interleaved"),
+    (dict(mrope_section=(2, 4, 2), mrope_alternating=True), "equal height and width"),
 ])
 def test_bad_mrope_is_one_line_naming_the_field(change, message):
     with pytest.raises(ConfigError, match=message):

@@ -58,3 +58,15 @@ def test_deepstack_under_tensor_parallel_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="deepstack_layers") as e:
         vlm_tensor_parallel_plan(cfg, 2)
     assert "\n" not in str(e.value)
+
+
+def test_experts_routed_by_token_type_under_tensor_parallel_are_refused_in_one_line():
+    from longboat.config.base import ConfigError
+    from longboat.models.vlm.parallel_plan import vlm_tensor_parallel_plan
+    from tests.models.vlm.conftest import vlm_config
+
+    moe = {"d_model": 32, "n_experts": 4, "top_k": 2, "expert_ffn_dim": 16}
+    cfg = vlm_config(moe=moe, vision_moe=moe)
+    with pytest.raises(ConfigError, match="vision_moe") as e:
+        vlm_tensor_parallel_plan(cfg, 2)
+    assert "\n" not in str(e.value)

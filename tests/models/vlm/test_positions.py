@@ -1,4 +1,4 @@
-"""Multimodal RoPE positions equal transformers' ``get_rope_index`` for Qwen2.5-VL and Qwen3-VL rows with images of
+"""Multimodal RoPE positions equal transformers' ``get_rope_index`` for Qwen2.5-VL, Qwen3-VL and ERNIE-4.5-VL rows with images of
 different sizes, restart with each packed sample, and continue after a KV cache."""
 
 from __future__ import annotations
@@ -27,9 +27,15 @@ def sample(images: list[int], text: int = 3) -> list[int]:
 
 
 def hf_positions(family: str, tokens: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+    vision = {"depth": 1, "hidden_size": 16, "num_heads": 1}
+    text = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64}
+    if family == "ernie4_5_vl_moe":  # its rotary table needs sections of head_dim / 2 (h, w, t)
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
+    else:
+        vision["out_hidden_size"] = 32
     config = transformers.AutoConfig.for_model(
-        family, vision_config={"depth": 1, "hidden_size": 16, "num_heads": 1, "out_hidden_size": 32},
-        text_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64},
+        family, vision_config=vision,
+        text_config=text,
         image_token_id=IMG, vision_start_token_id=START)
     model = transformers.AutoModel.from_config(config)
     return model.get_rope_index(tokens, mm_token_type_ids=(tokens == IMG).long(), image_grid_thw=grids)[0]
@@ -39,7 +45,7 @@ def flat_index(tokens: torch.Tensor) -> torch.Tensor:
     return (tokens == IMG).flatten().nonzero().squeeze(1)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "ernie4_5_vl_moe"])
 def test_equal_to_transformers_get_rope_index(family):
     counts = (GRIDS.prod(dim=1) // 4).tolist()
     rows = [sample(counts[:2]), sample(counts[2:], text=5)]

@@ -1,5 +1,6 @@
-"""Qwen2.5-VL and Qwen3-VL checkpoints in and out: a tiny random transformers ``Qwen2_5_VLForConditionalGeneration``
-or ``Qwen3VLForConditionalGeneration`` (DeepStack, interleaved multimodal RoPE) imports with its logits and greedy
+"""Qwen2.5-VL and Qwen3-VL (dense and MoE) checkpoints in and out: a tiny random transformers
+``Qwen2_5_VLForConditionalGeneration``, ``Qwen3VLForConditionalGeneration`` (DeepStack, interleaved multimodal RoPE)
+or ``Qwen3VLMoeForConditionalGeneration`` (the same with four experts, two per token) imports with its logits and greedy
 generations (two images of odd sizes), ours exports to transformers with ours,
 a packed row equals its samples alone, the older flat config.json imports, preprocessor_config.json sets the
 tower's images, and what the model cannot represent is refused by name."""
@@ -29,17 +30,20 @@ QWEN3_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, 
                     spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
                     deepstack_visual_indexes=[0, 1])
 QWEN3_TEXT = {**TEXT, "head_dim": 16, "rope_parameters": {**TEXT["rope_parameters"], "mrope_interleaved": True}}
+QWEN3_MOE_TEXT = {**QWEN3_TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 40}
 SIZES = [(47, 83), (61, 39)]  # (height, width) of the two images: odd, one wide and one tall
-FAMILIES = ["qwen2_5_vl", "qwen3_vl"]
+FAMILIES = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
 
 
 def hf_class(family: str):
     return {"qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
-            "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}[family]
+            "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
+            "qwen3_vl_moe": transformers.Qwen3VLMoeForConditionalGeneration}[family]
 
 
 def hf_model(text: dict | None = None, vision: dict | None = None, family: str = "qwen2_5_vl", **top):
-    base_vision, base_text = (VISION, TEXT) if family == "qwen2_5_vl" else (QWEN3_VISION, QWEN3_TEXT)
+    base_vision, base_text = {"qwen2_5_vl": (VISION, TEXT), "qwen3_vl": (QWEN3_VISION, QWEN3_TEXT),
+                              "qwen3_vl_moe": (QWEN3_VISION, QWEN3_MOE_TEXT)}[family]
     config = transformers.AutoConfig.for_model(
         family, vision_config={**base_vision, **(vision or {})}, text_config={**base_text, **(text or {})},
         image_token_id=IMG, video_token_id=61, vision_start_token_id=START, vision_end_token_id=END, **top)
@@ -91,14 +95,15 @@ def test_import_gives_transformers_logits(checkpoint):
     assert hf_spec(path).name == "vlm"
     model, cfg, family = load_hf_model(path)
     assert family == hf.config.model_type and cfg.language.mrope_section == (2, 3, 3)
-    assert cfg.projector.kind == "identity" and cfg.language.mrope_interleaved == (family == "qwen3_vl")
+    assert cfg.projector.kind == "identity" and cfg.language.mrope_interleaved == (family != "qwen2_5_vl")
+    assert (cfg.language.moe is not None) == (family == "qwen3_vl_moe")
     tokens, pixels = inputs(cfg)
     with torch.no_grad():
         ours = model(tokens, images=pixels["images"], image_grid=pixels["image_grid"])
         want = theirs(hf, tokens, pixels)
         torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
         # without mm_token_type_ids transformers' Qwen2.5-VL falls back to 1-D positions (different logits);
-        # its Qwen3-VL refuses
+        # its Qwen3-VL (dense and MoE) refuses
         bare = dict(input_ids=tokens, pixel_values=pixels["images"], image_grid_thw=pixels["image_grid"])
         if family == "qwen2_5_vl":
             assert (hf(**bare).logits - want).abs().max() > 1e-3
@@ -166,6 +171,7 @@ def test_export_gives_transformers_our_logits(checkpoint, tmp_path):
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     hf, _ = checkpoint
+    assert get_model("vlm").hf.export_family(cfg, True, None) == hf.config.model_type  # the default for it
     get_model("vlm").hf.save(model, hf.config.model_type, tmp_path / "out", cfg)  # as convert and exports do
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]
@@ -214,6 +220,8 @@ def test_flat_config_layout_and_preprocessor_config(checkpoint, tmp_path):
     ("qwen3_vl", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 3, 3]}}, {},
      "mrope_section"),
     ("qwen3_vl", {}, {"hidden_act": "relu"}, "hidden_act"),
+    ("qwen3_vl_moe", {"norm_topk_prob": False}, {}, "norm_topk_prob"),
+    ("qwen3_vl_moe", {"hidden_act": "gelu"}, {}, "hidden_act"),
 ])
 def test_what_the_model_cannot_represent_is_refused(tmp_path, family, text, vision, message):
     config = hf_model(family=family).config.to_dict()
@@ -238,3 +246,33 @@ def test_convert_round_trips(checkpoint, tmp_path):
     tokens, pixels = inputs(cfg)
     with torch.no_grad():
         assert torch.equal(theirs(back, tokens, pixels), theirs(hf, tokens, pixels))
+
+
+def test_published_expert_layout_imports(checkpoint, tmp_path):
+    """The published Qwen3-VL MoE checkpoints store the fused experts transposed ([E, d, 2·ffn], [E, ffn, d]);
+    they import with the same weights as the layout transformers writes."""
+    from safetensors.torch import load_file, save_file
+
+    hf, path = checkpoint
+    if hf.config.model_type != "qwen3_vl_moe":
+        pytest.skip("the fused expert layouts are Qwen3-VL MoE's")
+    tensors = load_file(path / "model.safetensors")
+    fused = [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert len(fused) == 4
+    (tmp_path / "published").mkdir()
+    save_file({k: v.transpose(1, 2).contiguous() if k in fused else v for k, v in tensors.items()},
+              tmp_path / "published" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "published" / "config.json").write_text((path / "config.json").read_text())
+    model, _, _ = load_hf_model(tmp_path / "published")
+    reference, _, _ = load_hf_model(path)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+def test_export_needs_the_family_decoder(checkpoint):
+    """A dense decoder does not export as Qwen3-VL MoE, nor one with experts as a dense family."""
+    hf, path = checkpoint
+    _, cfg, _ = load_hf_model(path)
+    other = "qwen3_vl" if hf.config.model_type == "qwen3_vl_moe" else "qwen3_vl_moe"
+    with pytest.raises(HFConversionError, match="language.moe") as e:
+        get_model("vlm").hf.export_family(cfg, other, None)
+    assert "\n" not in str(e.value)

@@ -76,9 +76,12 @@ class DecoderConfig(StrictModel):
     # Multimodal RoPE (Qwen2-VL and later): positions [3, B, T] (time, height, width); each rotary frequency reads
     # one of the three rows. ``mrope_section``: how many of the head_dim/2 frequencies each row drives, in
     # consecutive sections (Qwen2.5-VL) or, with ``mrope_interleaved``, frequency i from row i mod 3 while that
-    # row's section lasts (Qwen3-VL). Positions [B, T] (text) rotate as plain RoPE.
+    # row's section lasts (Qwen3-VL), or, with ``mrope_alternating``, the first 2·section[1] frequencies alternate
+    # height (even) and width (odd) and the last section[0] read time (ERNIE-4.5-VL; section[1] == section[2]).
+    # Positions [B, T] (text) rotate as plain RoPE.
     mrope_section: tuple[int, int, int] | None = None
     mrope_interleaved: bool = False
+    mrope_alternating: bool = False
     norm_eps: float = Field(default=1e-5, gt=0)
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -89,6 +92,9 @@ class DecoderConfig(StrictModel):
     # width ffn_dim (DeepSeek's first_k_dense_replace = [0..k-1]; Qwen3-MoE's mlp_only_layers).
     moe: MoEConfig | None = None
     dense_layers: list[int] = Field(default_factory=list)
+    # Experts for image tokens (ERNIE-4.5-VL): each MoE layer routes text tokens through ``moe`` and the tokens the
+    # composed model marks as vision through these (own router, bias and width; ``moe``'s shared experts see all).
+    vision_moe: MoEConfig | None = None
 
     # Multi-head latent attention (DeepSeek-V2/V3): "mla" replaces wq/wk/wv with low-rank projections and
     # ignores n_kv_heads, head_dim, qkv_bias and qk_norm.
@@ -109,8 +115,17 @@ class DecoderConfig(StrictModel):
             raise ValueError(f"dense_layers {bad} are outside the {self.n_layers} layers (0..{self.n_layers - 1})")
         if self.dense_layers and self.moe is None:
             raise ValueError("dense_layers is set but moe is not: every layer is already dense")
+        if self.vision_moe is not None and (self.moe is None or self.vision_moe.d_model != self.d_model
+                                            or self.vision_moe.n_shared_experts):
+            raise ValueError("vision_moe needs moe, the decoder's d_model and no shared experts of its own")
         if self.mrope_interleaved and self.mrope_section is None:
             raise ValueError("mrope_interleaved needs mrope_section")
+        if self.mrope_alternating:
+            if self.mrope_section is None or self.mrope_interleaved:
+                raise ValueError("mrope_alternating needs mrope_section and excludes mrope_interleaved")
+            if self.mrope_section[1] != self.mrope_section[2]:
+                raise ValueError(f"mrope_alternating needs equal height and width sections, got mrope_section "
+                                 f"{list(self.mrope_section)}")
         if self.mrope_section is not None and self.attention == "gqa" \
                 and sum(self.mrope_section) != self.head_size // 2:
             raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim / 2 "
@@ -183,7 +198,10 @@ class DecoderConfig(StrictModel):
     def _moe_params(self, active: bool) -> int:
         m, d = self.moe, self.d_model
         routed = (m.top_k if active else m.n_experts) * 3 * d * m.expert_ffn_dim
-        return d * m.n_experts + routed + 3 * d * m.shared_dim + (d if m.shared_expert_gate else 0)
+        out = d * m.n_experts + routed + 3 * d * m.shared_dim + (d if m.shared_expert_gate else 0)
+        if (v := self.vision_moe) is not None:  # a token uses one group: count the text group's as active
+            out += 0 if active else d * v.n_experts + v.n_experts * 3 * d * v.expert_ffn_dim
+        return out
 
     def num_params(self, include_embeddings: bool = True, active: bool = False) -> int:
         """Parameter count computed from the config alone; without embeddings excludes the token

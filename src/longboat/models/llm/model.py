@@ -24,6 +24,7 @@ from longboat.models.llm.config import DecoderConfig
 from longboat.models.llm.mla import LatentCache, MultiHeadLatentAttention
 from longboat.models.llm.rope import apply_rope, mrope_axes, mrope_tables, rope_tables
 from longboat.models.moe import MoE
+from longboat.models.moe.modality import ModalityMoE
 
 
 def segment_attention_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -129,16 +130,22 @@ class Block(nn.Module):
         self.attention = MultiHeadLatentAttention(cfg, layer_id) if cfg.attention == "mla" else Attention(cfg, layer_id)
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.is_moe = cfg.is_moe_layer(layer_id)
-        self.feed_forward = MoE(cfg.moe) if self.is_moe else FeedForward(cfg.d_model, cfg.ffn_dim)
+        if not self.is_moe:
+            self.feed_forward = FeedForward(cfg.d_model, cfg.ffn_dim)
+        else:
+            self.feed_forward = MoE(cfg.moe) if cfg.vision_moe is None else ModalityMoE(cfg.moe, cfg.vision_moe)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | LatentCache | None = None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None, vision: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         x = x + self.attention(self.attention_norm(x), cos, sin, cache, mask)
         if not self.is_moe:
             return x + self.feed_forward(self.ffn_norm(x)), None
-        y, aux = self.feed_forward(self.ffn_norm(x))
+        if isinstance(self.feed_forward, ModalityMoE):
+            y, aux = self.feed_forward(self.ffn_norm(x), vision)
+        else:
+            y, aux = self.feed_forward(self.ffn_norm(x))
         return x + y, aux
 
     def init_weights(self, std: float, out_std: float) -> None:
@@ -164,7 +171,7 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.mrope_axes = None if cfg.mrope_section is None else mrope_axes(
-            cfg.rope_dim, cfg.mrope_section, cfg.mrope_interleaved)
+            cfg.rope_dim, cfg.mrope_section, cfg.mrope_interleaved, cfg.mrope_alternating)
         self.last_moe_aux: list[dict[str, torch.Tensor]] = []  # the MoE layers' aux dicts of the last forward
         self.init_weights()
 
@@ -256,6 +263,7 @@ class Decoder(nn.Module):
     def hidden_states(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
         segments: torch.Tensor | None = None, layer_inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
+        vision: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states [B, T, d_model], the input of the output head.
 
@@ -267,7 +275,8 @@ class Decoder(nn.Module):
         [B, T] (packed documents): a position attends only to earlier positions with the same segment id; the
         states of padding positions (segment 0) are unspecified. ``layer_inputs`` (index [N], [features [N, d_model],
         ...]): the k-th features are added to the hidden states after layer k at the flat (row · T + column) positions
-        ``index`` (DeepStack: a vision tower's early features at the image tokens).
+        ``index`` (DeepStack: a vision tower's early features at the image tokens). ``vision`` [B, T] bool: the
+        tokens that experts routed by token type (``vision_moe``) send to the vision group.
         """
         if segments is not None and cache is not None:
             raise ValueError("segments (packed documents) are for training and scoring, not cached decoding")
@@ -278,7 +287,7 @@ class Decoder(nn.Module):
         self.last_moe_aux = []
         added = layer_inputs[1] if layer_inputs is not None else []
         for i, layer in enumerate(self.layers):
-            h, aux = layer(h, cos, sin, cache, mask)
+            h, aux = layer(h, cos, sin, cache, mask, vision)
             if i < len(added):
                 h = h.flatten(0, 1).index_add(0, layer_inputs[0], added[i].to(h.dtype)).view_as(h)
             if aux is not None:
@@ -295,6 +304,7 @@ class Decoder(nn.Module):
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | LatentCache | None = None,
         segments: torch.Tensor | None = None, layer_inputs: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
+        vision: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.hidden_states(tokens, positions, cache, segments, layer_inputs)
+        h = self.hidden_states(tokens, positions, cache, segments, layer_inputs, vision)
         return F.linear(h, self.output_weight) if self.norm is not None else h

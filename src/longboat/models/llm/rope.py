@@ -98,14 +98,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def mrope_axes(head_dim: int, section: tuple[int, int, int], interleaved: bool = False) -> torch.Tensor:
+def mrope_axes(head_dim: int, section: tuple[int, int, int], interleaved: bool = False,
+               alternating: bool = False) -> torch.Tensor:
     """[head_dim]: which position row (0 time, 1 height, 2 width) each rotary dimension reads.
 
     Consecutive (Qwen2.5-VL): the first ``section[0]`` frequencies read row 0, the next ``section[1]`` row 1, the
     rest row 2. Interleaved (Qwen3-VL): frequency i reads row i mod 3 while i < 3·section[row], else row 0.
+    Alternating (ERNIE-4.5-VL, its adjacent-pair rotation in rotate-half order): frequency i < section[1] +
+    section[2] reads row 1 when i is even and row 2 when odd; the last ``section[0]`` read row 0.
     """
     half = head_dim // 2
-    if interleaved:
+    if alternating:
+        axes = [1 + i % 2 for i in range(section[1] + section[2])] + [0] * section[0]
+    elif interleaved:
         axes = [i % 3 if i % 3 and i < 3 * section[i % 3] else 0 for i in range(half)]
     else:
         axes = [row for row, n in enumerate(section) for _ in range(n)]

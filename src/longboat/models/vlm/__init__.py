@@ -5,6 +5,7 @@ from longboat.models.llm import DECODER
 from longboat.models.moe.contract import MOE_EXPERTS
 from longboat.models.registry import ModelSpec, register_model
 from longboat.models.vlm import qwen_vl_hf  # noqa: F401  (registers the qwen2_5_vl checkpoints)
+from longboat.models.vlm import ernie_vl_hf  # noqa: F401  (registers the ernie4_5_vl_moe checkpoints)
 from longboat.models.vlm.hf import VLMHF
 from longboat.models.vlm import smolvlm_hf  # noqa: F401  (registers smolvlm, idefics3)
 from longboat.models.vlm.config import ProjectorConfig, QwenTower, VLMConfig, ViTTower

@@ -12,6 +12,7 @@ from longboat.data.images.processors import QwenImages, SmolVLMImages, SquareIma
 from longboat.data.images.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, QWEN3_VL, QwenVLImageConfig
 from longboat.models.llm.config import DecoderConfig
 from longboat.models.registry import get_model
+from longboat.models.vision.ernie4_5_vl import Ernie4_5VisionConfig
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionConfig
 from longboat.models.vision.qwen3_vl import Qwen3VisionConfig
 from longboat.models.vision.siglip import SigLIPConfig
@@ -90,9 +91,29 @@ class Qwen3Tower(Qwen3VisionConfig):
         return self.out_dim
 
 
-QWEN_TOWERS = ("qwen2_5_vl_vision", "qwen3_vl_vision")  # towers that merge patches themselves, images as patch rows
+class ErnieTower(Ernie4_5VisionConfig):
+    """ERNIE-4.5-VL's tower and resampler (``models/vision/ernie4_5_vl.py``): one frame per still image, images keep
+    their aspect ratio (``smart_resize``)."""
+
+    arch: Literal["ernie4_5_vl_vision"] = "ernie4_5_vl_vision"
+    min_pixels: int = Field(default=56 * 56, gt=0)
+    max_pixels: int = Field(default=28 * 28 * 6177, gt=0)
+    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+
+    @property
+    def temporal_patch_size(self) -> int:
+        return 1
+
+    @property
+    def feature_dim(self) -> int:
+        return self.out_dim
+
+
+# towers that merge patches themselves, images as patch rows
+QWEN_TOWERS = ("qwen2_5_vl_vision", "qwen3_vl_vision", "ernie4_5_vl_vision")
 SQUARE_TOWERS = ("vit", "siglip")  # towers reading fixed-size square images, one feature per patch
-VisionTower = Annotated[Union[ViTTower, QwenTower, Qwen3Tower, SigLIPTower], Field(discriminator="arch")]
+VisionTower = Annotated[Union[ViTTower, QwenTower, Qwen3Tower, SigLIPTower, ErnieTower], Field(discriminator="arch")]
 
 
 class ProjectorConfig(StrictModel):
@@ -119,6 +140,9 @@ class VLMConfig(StrictModel):
     projector: ProjectorConfig = ProjectorConfig()
     language: DecoderConfig
     image_token_id: int = Field(ge=0, description="the token id an image's placeholder tokens carry")
+    vision_token_ids: tuple[int, ...] = Field(default=(), description="with language.vision_moe: tokens besides "
+                                              "the image tokens that the vision experts take (ERNIE-4.5-VL's image "
+                                              "start and end)")
 
     @model_validator(mode="before")
     @classmethod
@@ -147,6 +171,9 @@ class VLMConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> VLMConfig:
         v, p = self.vision, self.projector
+        if any(not 0 <= t < self.language.vocab_size for t in self.vision_token_ids):
+            raise ValueError(f"vision_token_ids {list(self.vision_token_ids)} must be token ids below "
+                             f"language.vocab_size ({self.language.vocab_size})")
         if self.image_token_id >= self.language.vocab_size:
             raise ValueError(f"image_token_id ({self.image_token_id}) must be below language.vocab_size "
                              f"({self.language.vocab_size})")
@@ -215,6 +242,8 @@ class VLMConfig(StrictModel):
             span = v.grid**2
         elif v.arch == "qwen3_vl_vision":  # whole images: the pretraining grid's patches as a typical image
             span = v.num_position_embeddings
+        elif v.arch == "ernie4_5_vl_vision":  # whole images: 32 × 32 patches as a typical image
+            span = 1024
         else:
             span = (v.window_tokens * v.merge_size) ** 2
         per_patch = 6 * blocks + 12 * v.n_layers * v.d_model * span

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longboat.models.llm.model import Decoder
+from longboat.models.vision.ernie4_5_vl import Ernie4_5VisionTower
 from longboat.models.vision.qwen2_5_vl import Qwen2_5_VisionTower
 from longboat.models.vision.qwen3_vl import Qwen3VisionTower
 from longboat.models.vision.siglip import SigLIP
@@ -31,6 +32,8 @@ def build_tower(cfg: VLMConfig) -> nn.Module:
         return SigLIP(v)
     if v.arch == "qwen3_vl_vision":
         return Qwen3VisionTower(v)
+    if v.arch == "ernie4_5_vl_vision":
+        return Ernie4_5VisionTower(v)
     return Qwen2_5_VisionTower(v)
 
 
@@ -161,6 +164,11 @@ class VLM(nn.Module):
             positions = self._mrope(tokens, positions, cache, index, n_images, image_grid)
         elif positions is None and cache is None:  # explicit, so that a sequence shard (tensor parallel) rotates right
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        if self.cfg.language.vision_moe is not None and (cache is None or n_images):  # decoding steps: text
+            vision = placeholders
+            for token in self.cfg.vision_token_ids:
+                vision = vision | (tokens == token)
+            return self.language(embeds, positions, cache, segments, vision=vision)
         if deepstack:
             return self.language(embeds, positions, cache, segments, layer_inputs=(index, deepstack))
         return self.language(embeds, positions, cache, segments)

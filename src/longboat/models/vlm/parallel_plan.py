@@ -19,6 +19,9 @@ def vlm_tensor_parallel_plan(cfg: VLMConfig, tp: int) -> dict[str, ParallelStyle
     if tp > 1 and getattr(cfg.vision, "deepstack_layers", ()):
         raise ConfigError(f"parallel.tp={tp}: DeepStack (model.vision.deepstack_layers) adds tower features inside "
                           "the decoder, which a sequence-sharded decoder cannot take yet; use parallel.tp 1")
+    if tp > 1 and cfg.language.vision_moe is not None:
+        raise ConfigError(f"parallel.tp={tp}: experts routed by token type (model.language.vision_moe) have no "
+                          "tensor-parallel plan yet; use parallel.tp 1")
     plan = checked_tensor_parallel_plan(cfg.language, tp)
     plan.pop("")  # the decoder's logits are gathered where the decoder returns them, below
     out = {f"language.{name}": style for name, style in plan.items()}

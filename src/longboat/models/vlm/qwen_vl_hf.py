@@ -1,7 +1,7 @@
-"""Qwen2.5-VL and Qwen3-VL (dense) checkpoints (transformers' ``Qwen2_5_VLForConditionalGeneration``,
-``Qwen3VLForConditionalGeneration``) in and out for the composed model: the family's vision tower with its own patch
-merger (projector ``identity``; Qwen3-VL's DeepStack features included), and the Qwen2 / Qwen3 decoder with
-multimodal RoPE (``language.mrope_section``; interleaved for Qwen3-VL).
+"""Qwen2.5-VL and Qwen3-VL (dense and MoE) checkpoints (transformers' ``Qwen2_5_VLForConditionalGeneration``,
+``Qwen3VLForConditionalGeneration``, ``Qwen3VLMoeForConditionalGeneration``) in and out for the composed model: the
+family's vision tower with its own patch merger (projector ``identity``; Qwen3-VL's DeepStack features included), and
+the Qwen2 / Qwen3 / Qwen3-MoE decoder with multimodal RoPE (``language.mrope_section``; interleaved for Qwen3-VL).
 
 Qwen2.5-VL's config.json comes in two layouts: transformers 5's, with the decoder's fields under ``text_config`` and
 ``rope_parameters.mrope_section``, and the older flat one, with the decoder's fields at the top and
@@ -112,6 +112,7 @@ class Qwen2_5_VLAdapter(HFAdapter):
     tower_arch = "qwen2_5_vl_vision"
     tower = qwen2_5_vl
     interleaved = False  # Qwen3-VL takes each frequency from row i mod 3
+    experts = False  # the decoder a family's exports default for: with experts or dense
 
     def config_from_hf(self, hf: dict) -> dict:
         text, rope = text_fields(hf)
@@ -161,9 +162,14 @@ class Qwen2_5_VLAdapter(HFAdapter):
         if lang.mrope_section is None or lang.mrope_interleaved != self.interleaved:
             raise HFConversionError(f"a {self.model_type} export needs language.mrope_section with "
                                     f"mrope_interleaved {str(self.interleaved).lower()}")
+        if (lang.moe is not None) != self.experts:
+            raise HFConversionError(f"a {self.model_type} export needs a language model "
+                                    f"{'with' if self.experts else 'without'} experts (language.moe)")
 
     def default_for(self, cfg) -> bool:
-        return getattr(getattr(cfg, "vision", None), "arch", None) == self.tower_arch
+        language = getattr(cfg, "language", None)
+        return getattr(getattr(cfg, "vision", None), "arch", None) == self.tower_arch and \
+            (getattr(language, "moe", None) is not None) == self.experts
 
     def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         vision = {k: v for k, v in sd.items() if k.startswith(self.tower.HF_PREFIX)}
@@ -195,3 +201,60 @@ class Qwen3VLAdapter(Qwen2_5_VLAdapter):
     tower_arch = "qwen3_vl_vision"
     tower = qwen3_vl
     interleaved = True
+
+
+@register_hf_adapter("qwen3_vl_moe")
+class Qwen3VLMoeAdapter(Qwen3VLAdapter):
+    """Qwen3-VL MoE: Qwen3-VL with the Qwen3-MoE decoder (softmax top-k experts, their weights always renormalised).
+    Each layer's experts are fused: ``mlp.experts.gate_up_proj`` and ``mlp.experts.down_proj``. The published
+    checkpoints store them transposed ([E, d, 2·ffn] with gate columns first, [E, ffn, d]); transformers 5 writes
+    its modules' layout ([E, 2·ffn, d], [E, d, ffn]). Imports read either (by shape, as transformers does: a square
+    tensor is taken as the modules' layout); exports write the modules' layout."""
+
+    architecture = "Qwen3VLMoeForConditionalGeneration"
+    text_family = "qwen3_moe"
+    experts = True
+    fused = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+
+    def config_from_hf(self, hf: dict) -> dict:
+        text = hf.get("text_config") or hf
+        if "norm_topk_prob" in text and not text["norm_topk_prob"]:
+            raise HFConversionError("config.json norm_topk_prob=false is not supported: qwen3_vl_moe always "
+                                    "renormalises the top-k expert weights")
+        fields = super().config_from_hf(hf)
+        fields["language"]["moe"]["norm_topk_prob"] = True  # the family's router always renormalises
+        return fields
+
+    def config_to_hf(self, cfg) -> dict:
+        if cfg.language.moe is None or not cfg.language.moe.norm_topk_prob:
+            raise HFConversionError("a qwen3_vl_moe export needs language.moe with norm_topk_prob true (the "
+                                    "family always renormalises the top-k expert weights)")
+        out = super().config_to_hf(cfg)
+        out["text_config"].pop("norm_topk_prob", None)
+        return out
+
+    def shape_matches(self, name: str, got: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+        transposed = name.endswith(self.fused) and got == (expected[0], expected[2], expected[1])
+        return got == expected or transposed
+
+    def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+        d, ffn = cfg.language.d_model, cfg.language.moe.expert_ffn_dim
+        modules = {self.fused[0]: (2 * ffn, d), self.fused[1]: (d, ffn)}  # each one's [1:] in the modules' layout
+
+        def layout(name: str, value: torch.Tensor) -> torch.Tensor:
+            want = next((shape for end, shape in modules.items() if name.endswith(end)), None)
+            return value if want is None or tuple(value.shape[1:]) == want else value.transpose(1, 2)
+
+        return super().state_dict_from_hf({k: layout(k, v) for k, v in sd.items()}, cfg)
+
+    def state_dict_to_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+        experts = {k: v for k, v in sd.items() if k.endswith((".feed_forward.experts.w13", ".feed_forward.experts.w2"))}
+        out = super().state_dict_to_hf({k: v for k, v in sd.items() if k not in experts}, cfg)
+        for name, value in experts.items():
+            layer = name.removeprefix(LANGUAGE + "layers.").split(".")[0]
+            prefix = f"{self.text_prefix}layers.{layer}.mlp.experts."
+            if name.endswith(".w13"):  # [E, 2, ffn, d]: gate rows, then up rows
+                out[prefix + "gate_up_proj"] = value.flatten(1, 2)
+            else:
+                out[prefix + "down_proj"] = value
+        return out

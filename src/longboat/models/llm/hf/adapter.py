@@ -84,6 +84,11 @@ class HFAdapter:
     def default_for(self, cfg) -> bool:
         return False
 
+    def shape_matches(self, name: str, got: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+        """Whether a checkpoint tensor of shape ``got`` imports where an export writes ``expected`` (a family whose
+        checkpoints come in two layouts accepts both)."""
+        return got == expected
+
     def state_dict_from_hf(self, sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
         out = {}
         for name, value in sd.items():

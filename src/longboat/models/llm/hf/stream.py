@@ -71,7 +71,8 @@ def check_hf_tensors(adapter: HFAdapter, cfg, ours: dict[str, torch.Tensor], the
             f"{adapter.model_type} checkpoint does not match its config.json: "
             f"missing tensors {_short(missing)}, unexpected tensors {_short(unexpected)}"
         )
-    wrong = [f"{k}: checkpoint {got[k]}, config.json implies {expected[k]}" for k in expected if got[k] != expected[k]]
+    wrong = [f"{k}: checkpoint {got[k]}, config.json implies {expected[k]}" for k in expected
+             if not adapter.shape_matches(k, got[k], expected[k])]
     if wrong:
         raise HFConversionError(f"shape mismatch: {'; '.join(wrong[:5])}" + (" ..." if len(wrong) > 5 else ""))
 
