@@ -299,3 +299,18 @@ def test_a_file_the_command_owns_is_replaced_whole(tmp_path):
     with pytest.raises(UnicodeEncodeError):
         replace_file(run_json, '{"task": "\ud800"}\n')  # fails half-way through writing
     assert run_json.read_text() == '{"seeds": [0]}\n' and os.listdir(tmp_path) == ["run.json"]
+
+
+def test_a_cache_directory_is_published_whole_or_not_at_all(tmp_path):
+    from longboat.utils.outputs import cache_directory
+
+    final = tmp_path / "cache-abc"
+    with pytest.raises(RuntimeError), cache_directory(final) as tmp:
+        (tmp / "half.npy").write_bytes(b"x")
+        raise RuntimeError("interrupted while building")
+    assert list(tmp_path.iterdir()) == []  # neither the cache nor its temporary directory
+    with cache_directory(final) as tmp:
+        (tmp / "a.npy").write_bytes(b"first")
+    with cache_directory(final) as tmp:  # another builder finishing second: the published copy stays
+        (tmp / "a.npy").write_bytes(b"second")
+    assert [p.name for p in tmp_path.iterdir()] == ["cache-abc"] and (final / "a.npy").read_bytes() == b"first"

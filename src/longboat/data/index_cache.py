@@ -5,14 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from longboat.errors import LongboatError
+from longboat.utils.outputs import cache_directory
 
 
 class IndexCacheError(LongboatError, ValueError):
@@ -50,19 +49,8 @@ def cached_arrays(
             raise IndexCacheError(f"{final}: index cache holds no arrays; delete the directory to rebuild")
         return arrays, True
     arrays = build()
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.mkdir(parents=True)
+    with cache_directory(final) as tmp:
         for name, array in arrays.items():
             np.save(tmp / f"{name}.npy", array)
         (tmp / "description.json").write_text(json.dumps({**description, **(note or {})}, indent=2, sort_keys=True))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first; its copy is identical
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return arrays, False

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
@@ -35,6 +34,7 @@ from longboat.data.index_cache import cache_key
 from longboat.data.latent_fingerprint import sha256_file, source_fingerprint
 from longboat.data.source_files import NAMED
 from longboat.errors import LongboatError
+from longboat.utils.outputs import cache_directory
 
 FORMAT_VERSION = 1
 INDEX = "index.json"
@@ -208,9 +208,7 @@ def encode_source(cfg: LatentSourceConfig, encoder: LatentEncoder, output: str |
             print(f"rebuilding a damaged latent cache: {err}", flush=True)
             shutil.rmtree(final, ignore_errors=True)
     items = open_items(cfg, cfg.channels or encoder.in_channels)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.mkdir(parents=True)
+    with cache_directory(final) as tmp:
         shards, channels = _write_shards(tmp, items, cfg, encoder, progress)
         scale, shift = channel_affine(encoder.scale_latents, channels)
         index = {**description, "vae_source": encoder.source, "latent_channels": channels, "scale": scale,
@@ -221,15 +219,6 @@ def encode_source(cfg: LatentSourceConfig, encoder: LatentEncoder, output: str |
                             "caption": None if items.captions is None else items.captions[i],
                             "file": items.names[i]} for i in range(items.count)]}
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same cache first
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final, False
 
 

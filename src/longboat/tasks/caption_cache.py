@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from longboat.config.base import ConfigError
+from longboat.utils.outputs import cache_directory
 
 NULL_CAPTION = ""
 SHARD_CAPTIONS = 4096  # captions per shard file
@@ -69,23 +68,12 @@ def caption_table(encoder: CaptionEncoder, captions: list[str], cache_dir: str |
     if final.is_dir():
         return _read(final, unique)
     embeddings, mask = encoder.encode(unique)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.mkdir(parents=True)
+    with cache_directory(final) as tmp:
         for shard, start in enumerate(range(0, len(unique), SHARD_CAPTIONS)):
             end = start + SHARD_CAPTIONS
             save_file({"embeddings": embeddings[start:end].contiguous(), "mask": mask[start:end].contiguous()},
                       str(tmp / f"shard-{shard:05d}.safetensors"))
         (tmp / CAPTIONS_FILE).write_text(json.dumps(unique, ensure_ascii=False))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first; its copy is identical
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return CaptionTable(unique, embeddings, mask)
 
 

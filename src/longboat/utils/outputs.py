@@ -267,3 +267,23 @@ def _protected(real: Path, sources: list[Path]) -> str | None:
                 if is_checkpoint(inner):
                     return f"holds the checkpoint {inner}"
     return None
+
+
+@contextmanager
+def cache_directory(final: Path) -> Iterator[Path]:
+    """A fresh temporary directory beside ``final`` to build a cache in, renamed to ``final`` when the block ends
+    without an error and removed when it raises: a reader never sees half a cache. When another process published the
+    same cache first, its copy stays (a cache's name is the hash of what it holds, so the two are identical)."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
