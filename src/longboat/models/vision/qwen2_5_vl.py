@@ -302,21 +302,32 @@ HF_PREFIX = "visual."  # Qwen2.5-VL checkpoints; transformers' own modules name 
 
 def state_dict_from_hf(hf: dict[str, torch.Tensor], prefix: str = HF_PREFIX) -> dict[str, torch.Tensor]:
     """Our tower's tensors from a checkpoint's ``{prefix}*`` tensors (others are left out; an unknown one fails)."""
-    names, ours = _names(prefix), {}
-    for name, tensor in hf.items():
-        if not name.startswith(prefix):
-            continue
-        target = names.from_hf(name)
-        if target is None:
-            raise HFConversionError(f"unknown vision tensor {name!r} (not part of the Qwen2.5-VL vision tower)")
-        ours[target] = tensor.flatten(1) if target == "patch_embed.weight" else tensor
-    return ours
+    return tower_from_hf(hf, _names(prefix), prefix, "Qwen2.5-VL")
 
 
 def state_dict_to_hf(sd: dict[str, torch.Tensor], cfg: Qwen2_5_VisionConfig,
                      prefix: str = HF_PREFIX) -> dict[str, torch.Tensor]:
     """A checkpoint's ``{prefix}*`` tensors from our tower's (the patch embedding back to its 3-D kernel)."""
-    names, hf = _names(prefix), {}
+    return tower_to_hf(sd, _names(prefix), cfg)
+
+
+def tower_from_hf(hf: dict[str, torch.Tensor], names, prefix: str, family: str) -> dict[str, torch.Tensor]:
+    """A Qwen-VL tower's tensors renamed by ``names`` from the checkpoint's ``{prefix}*`` ones, the 3-D patch kernel
+    flattened (shared by the Qwen2.5-VL and Qwen3-VL towers)."""
+    ours = {}
+    for name, tensor in hf.items():
+        if not name.startswith(prefix):
+            continue
+        target = names.from_hf(name)
+        if target is None:
+            raise HFConversionError(f"unknown vision tensor {name!r} (not part of the {family} vision tower)")
+        ours[target] = tensor.flatten(1) if target == "patch_embed.weight" else tensor
+    return ours
+
+
+def tower_to_hf(sd: dict[str, torch.Tensor], names, cfg) -> dict[str, torch.Tensor]:
+    """The reverse of :func:`tower_from_hf`: checkpoint names, the patch embedding back to its 3-D kernel."""
+    hf = {}
     kernel = (cfg.d_model, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
     for name, tensor in sd.items():
         target = names.to_hf(name)

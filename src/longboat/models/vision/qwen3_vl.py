@@ -19,7 +19,7 @@ from torch import nn
 
 from longboat.config.base import StrictModel
 from longboat.models.llm.hf.adapter import HFConversionError, NameMap
-from longboat.models.vision.qwen2_5_vl import Segments, VisionLayout, rotate
+from longboat.models.vision.qwen2_5_vl import Segments, VisionLayout, rotate, tower_from_hf, tower_to_hf
 
 ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
@@ -220,25 +220,10 @@ HF_PREFIX = "model.visual."
 
 def state_dict_from_hf(hf: dict[str, torch.Tensor], prefix: str = HF_PREFIX) -> dict[str, torch.Tensor]:
     """Our tower's tensors from a checkpoint's ``{prefix}*`` tensors (others are left out; an unknown one fails)."""
-    names, ours = _names(prefix), {}
-    for name, tensor in hf.items():
-        if not name.startswith(prefix):
-            continue
-        target = names.from_hf(name)
-        if target is None:
-            raise HFConversionError(f"unknown vision tensor {name!r} (not part of the Qwen3-VL vision tower)")
-        ours[target] = tensor.flatten(1) if target == "patch_embed.weight" else tensor
-    return ours
+    return tower_from_hf(hf, _names(prefix), prefix, "Qwen3-VL")
 
 
 def state_dict_to_hf(sd: dict[str, torch.Tensor], cfg: Qwen3VisionConfig,
                      prefix: str = HF_PREFIX) -> dict[str, torch.Tensor]:
     """A checkpoint's ``{prefix}*`` tensors from our tower's (the patch embedding back to its 3-D kernel)."""
-    names, hf = _names(prefix), {}
-    kernel = (cfg.d_model, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-    for name, tensor in sd.items():
-        target = names.to_hf(name)
-        if target is None:
-            raise HFConversionError(f"no checkpoint name for vision tensor {name!r}")
-        hf[target] = tensor.reshape(kernel) if name == "patch_embed.weight" else tensor
-    return hf
+    return tower_to_hf(sd, _names(prefix), cfg)
