@@ -4,7 +4,7 @@ what ``data.source: video`` trains a video generator on.
 Each episode yields clips of ``frames`` frames at ``fps`` (frame k of a clip starting at row s is the row nearest
 s + k·dataset_fps/fps), a new clip starting every ``every`` seconds (default: one clip's span, so neighbours share
 their boundary frame); an episode too short for one clip yields none. Frames are scaled to cover ``size`` × ``size``
-and centre-cropped, written as H.264 mp4 at ``fps``, and captioned by the episode's task string. ``metadata.csv``
+and centre-cropped, written as H.264 mp4 (4:4:4, colour kept whole) at ``fps``, and captioned by the episode's task string. ``metadata.csv``
 lists ``video`` (relative to it), ``prompt``, and where each clip came from (``episode_index``, ``start_s``).
 """
 
@@ -70,7 +70,7 @@ def export_clips(dataset: str | Path, out: str | Path, camera: str | None = None
                 items = [data[start + s + round(k * step)] for k in range(frames)]
                 picked = np.stack([resize_cover(item[camera].permute(1, 2, 0).numpy(), size) for item in items])
                 name = f"clips/episode_{episode:06d}_{s:05d}.mp4"
-                write_mp4(stage / name, picked, rate)
+                write_mp4(stage / name, picked, rate, full_colour=True)
                 task = items[0]["task"]
                 tasks.add(task)
                 rows.append({"video": name, "prompt": task, "episode_index": episode,
