@@ -331,7 +331,8 @@ class DiffusionTask(Task):
         self._check_clips(cfg)
         channels, size = self._shape()
         if cfg.image_size != size or cfg.in_channels != channels:
-            what = "data.latents' latents" if self.data.latents else "(data.channels, data.image_size)"
+            what = "data.latents' latents" if self.data.latents else \
+                "(3, data.video.size)" if self.data.video else "(data.channels, data.image_size)"
             raise ConfigError(f"model: makes {cfg.in_channels}×{cfg.image_size}×{cfg.image_size} images, the data "
                               f"{channels}×{size}×{size} {what}")
         condition = generator_condition(cfg)
