@@ -178,6 +178,7 @@ def test_the_command_draws_each_prompt(text_run, tmp_path, capsys):
     ("flow", ["--prompt", "a 3"], "--prompt: {run}/export is class-conditional; draw it with --class"),
     ("text", ["--class", "1"], "--class: {run}/export is conditioned on text; draw it with --prompt"),
     ("text", [], "--prompt: {run}/export is conditioned on text; give at least one --prompt"),
+    ("flow", ["--frames", "5"], "--frames: {run}/export generates images, not clips; drop --frames"),
 ])
 def test_a_flag_for_the_other_kind_of_model_is_one_line(flow_run, text_run, tmp_path, capsys, which, args, message):
     run = flow_run if which == "flow" else text_run

@@ -1,4 +1,4 @@
-"""``longboat data``: ``tokenize``, ``train-tokenizer``, ``record``, ``info`` and ``encode`` subcommands."""
+"""``longboat data``: ``tokenize``, ``train-tokenizer``, ``record``, ``info``, ``encode`` and ``clips`` subcommands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from longboat.recipes import data as recipe
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``data`` and its subcommands to the main parser's subparsers."""
-    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, record and describe a robot dataset, encode latents")
+    parser = subparsers.add_parser("data", help="prepare datasets: tokenize text, train a tokenizer, record and describe a robot dataset, encode latents, "
+                                                   "cut captioned clips")
     commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
     tok = commands.add_parser(
@@ -100,6 +101,24 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="share of unreadable inputs skipped before the command fails (default 0)")
     enc.add_argument("--device", default="cpu", help="where the VAE runs (default cpu)")
     enc.set_defaults(func=_encode)
+
+    clips = commands.add_parser(
+        "clips",
+        help="cut a LeRobot dataset's camera into captioned mp4 clips with Wan's metadata.csv (video, prompt)",
+        description="Cut each episode of a LeRobot dataset into clips of --frames frames at --fps, scaled to cover "
+                    "--size × --size and centre-cropped, captioned by the episode's task: OUT/clips/*.mp4 and "
+                    "OUT/metadata.csv, what data.source: video (data.video.path: OUT/metadata.csv) trains on.",
+    )
+    clips.add_argument("dataset", metavar="DATASET", help="LeRobot dataset directory (v3.0 or v2.1)")
+    clips.add_argument("out", metavar="OUT", help="the directory to create")
+    clips.add_argument("--camera", default=None, help="camera key (default: the dataset's first camera)")
+    clips.add_argument("--frames", type=int, default=9, help="frames per clip, 1 + 4k (default 9)")
+    clips.add_argument("--fps", default="5", help="clip frame rate, at most the dataset's (default 5)")
+    clips.add_argument("--size", type=int, default=32, help="clip height and width (default 32)")
+    clips.add_argument("--every", type=float, default=None,
+                       help="seconds between clip starts (default: one clip's span, (frames - 1) / fps)")
+    clips.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    clips.set_defaults(func=_clips)
     return parser
 
 
@@ -142,6 +161,11 @@ def _record(args: argparse.Namespace) -> None:
     recipe.record(args.env, args.episodes, args.output, cameras=args.camera, image_size=args.size,
                   max_steps=args.max_steps, only_success=args.only_success, seed=args.seed,
                   overwrite=args.overwrite)
+
+
+def _clips(args: argparse.Namespace) -> None:
+    recipe.clips(args.dataset, args.out, camera=args.camera, frames=args.frames, fps=args.fps, size=args.size,
+                 every=args.every, overwrite=args.overwrite)
 
 
 def _info(args: argparse.Namespace) -> None:

@@ -122,7 +122,7 @@ def _sample(args: argparse.Namespace) -> int:
 
     _load_plugins(args)
     scores = sample(args.model, args.out, args.classes, args.num, args.steps, args.cfg, args.seed, args.sampler,
-                    args.metrics, args.overwrite, args.batch_size, args.device, args.prompts)
+                    args.metrics, args.overwrite, args.batch_size, args.device, args.prompts, args.frames)
     print(f"wrote {args.out}/grid.png", file=sys.stderr)
     if args.metrics:
         print(json.dumps(scores, indent=2))
@@ -323,13 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugins(p)
     p.set_defaults(func=_generate)
 
-    p = sub.add_parser("sample", help="draw images from an image generator: one PNG each, grid.png, and metrics")
+    p = sub.add_parser("sample", help="draw images or clips from a generator: a PNG (clips: an mp4) each, grid.png, and metrics")
     p.add_argument("model", help="export dir, run dir or run_dir/checkpoints/step_N of an image generator")
     p.add_argument("--class", type=int, action="append", dest="classes", metavar="N",
                    help="class index to draw (repeatable; default: every class)")
     p.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                    help="caption to draw, for a text-conditioned model (repeatable)")
     p.add_argument("--num", type=_at_least_one, default=8, metavar="K", help="images per class or prompt")
+    p.add_argument("--frames", type=int, default=None, metavar="N",
+                   help="a video model: frames per clip, 1 + 4k (default: what it was trained on); writes mp4s")
     p.add_argument("--steps", type=_at_least_one, default=32, help="sampler steps")
     p.add_argument("--cfg", type=float, default=1.0, metavar="W",
                    help="classifier-free guidance scale (1: none; above 1 follows the class more)")

@@ -143,6 +143,13 @@ def generator_condition(cfg: Any) -> GeneratorCondition:
     return GeneratorCondition("class", num_classes=int(getattr(cfg, "num_classes", 0) or 0))
 
 
+def takes_clips(cfg: Any) -> bool:
+    """Whether an image generator (config or class) also takes clips: ``x`` [B, in_channels, frames, image_size,
+    image_size], any frame count 1 + 4k, the prediction shaped alike. Its config class says so with
+    ``takes_clips: ClassVar[bool] = True``."""
+    return bool(getattr(cfg if isinstance(cfg, type) else type(cfg), "takes_clips", False))
+
+
 def accepts_text(cls: Any) -> bool:
     """Whether an image-generator config class can be conditioned on text (declares ``text_dim``)."""
     return "text_dim" in getattr(cls, "model_fields", {})

@@ -1,5 +1,5 @@
 """Data commands: tokenize text into a Megatron token dataset, train a tokenizer, record and describe a robot
-dataset, encode images or clips into a latent cache."""
+dataset, encode images or clips into a latent cache, cut a robot dataset into captioned clips."""
 
 from __future__ import annotations
 
@@ -103,3 +103,15 @@ def encode(cfg: LatentSourceConfig, vae: str, output: str, device: str = "cpu") 
     state = "unchanged, not encoded again" if found else f"encoded {n} item{'s' * (n != 1)}"
     print(f"{path}: {state}{malformed_note(index)}", flush=True)
     return path
+
+
+def clips(dataset: str, out: str, camera: str | None = None, frames: int = 9, fps: float | str = 5, size: int = 32,
+          every: float | None = None, overwrite: bool = False) -> dict:
+    """``longboat data clips``: a LeRobot dataset's camera cut into captioned clips with Wan's metadata.csv."""
+    from longboat.data.robot.clips import export_clips
+
+    counts = export_clips(dataset, out, camera, frames, fps, size, every, overwrite)
+    print(f"{out}/metadata.csv: {counts['clips']} clips of {frames} frames at {fps} fps from {counts['episodes']} "
+          f"episodes of camera {counts['camera']}, {counts['tasks']} task caption{'s' * (counts['tasks'] != 1)}",
+          flush=True)
+    return counts

@@ -1,6 +1,9 @@
 """``longboat sample``: images from an image generator (an export, a run directory or a checkpoint), one PNG each and
 a grid, with classifier-free guidance, and on request the metrics of ``eval/image_metrics.py``.
 
+A video generator (its ``diffusion.json`` records ``frames``) draws clips of ``--frames`` frames (its trained count
+by default): an mp4 each and a grid of each clip's first, middle and last frames (``sample_video.py``).
+
 A class-conditional model draws ``--class`` labels, guided against the null class; a text-conditioned one draws
 ``--prompt`` captions, embedded by the run's own text encoder (refused when its fingerprint changed since training)
 and guided against the empty caption.
@@ -27,6 +30,7 @@ from longboat.models.generative import flow_matching as fm
 from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.generative.keyed_random import keyed_normal, noise_key
 from longboat.recipes.artifact import Artifact, open_artifact
+from longboat.recipes.sample_video import check_frames, key_frames, write_clips
 from longboat.tasks.diffusion import SPEC_FILE
 from longboat.tasks.text_encoder import TextEncoder, TextEncoderConfig
 from longboat.utils.outputs import staged_output
@@ -41,14 +45,16 @@ class Generator:
 
     artifact: Artifact
     spec: dict
+    frames: int | None = None  # a video generator's clip length; None: images
 
     @property
     def num_classes(self) -> int:
         return int(self.spec["num_classes"])
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        return int(self.spec["channels"]), int(self.spec["image_size"]), int(self.spec["image_size"])
+    def shape(self) -> tuple[int, ...]:
+        side = int(self.spec["image_size"])
+        return (int(self.spec["channels"]),) + ((self.frames,) if self.frames else ()) + (side, side)
 
     @property
     def objective(self) -> dict:
@@ -80,7 +86,7 @@ def open_generator(path: str | Path) -> Generator:
         spec = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{artifact.source}: {SPEC_FILE} is not JSON ({e.msg})") from None
-    return Generator(artifact, spec)
+    return Generator(artifact, spec, spec.get("frames"))
 
 
 def check_settings(gen: Generator, classes: list[int], num: int, steps: int, cfg_scale: float,
@@ -136,7 +142,7 @@ def guided(model: torch.nn.Module, cond: Condition, null: int | Condition, scale
 def sample_images(gen: Generator, labels: Condition, seeds: list[int], steps: int, cfg_scale: float = 1.0,
                   sampler: str | None = None, batch_size: int = 256, device: torch.device | str = "cpu",
                   null: Condition | None = None) -> torch.Tensor:
-    """Images [N, C, H, W] in [-1, 1] of class ``labels`` [N] (``num_classes``: none), or of the text condition
+    """Images [N, C, H, W] (clips [N, C, T, H, W]) in [-1, 1] of class ``labels`` [N] (``num_classes``: none), or of the text condition
     (text, mask) [N, ...] with ``null`` the null caption's (``text_condition``); image i from ``seeds[i]``."""
     sampler = check_settings(gen, [], 1, steps, cfg_scale, sampler)
     model = gen.artifact.model.to(device).eval()
@@ -208,11 +214,13 @@ def _png(image: Image.Image) -> bytes:
 def sample(model_path: str | Path, out_dir: str | Path, classes: list[int] | None = None, num: int = 8,
            steps: int = 32, cfg_scale: float = 1.0, seed: int = 0, sampler: str | None = None,
            metrics: bool = False, overwrite: bool = False, batch_size: int = 256, device: str = "cpu",
-           prompts: list[str] | None = None) -> dict:
+           prompts: list[str] | None = None, frames: int | None = None) -> dict:
     """Write ``num`` images of each class in ``classes`` (every class when None; unconditional for a model with no
     classes), or of each of ``prompts`` for a text-conditioned model, as PNGs and ``grid.png`` (a row per class or
-    prompt) to ``out_dir``; with ``metrics`` also ``metrics.json``. Returns the metrics (empty without them)."""
+    prompt) to ``out_dir``; with ``metrics`` also ``metrics.json``. Returns the metrics (empty without them). A video
+    generator writes clips of ``frames`` frames (its trained count when None) as mp4s instead of PNGs."""
     gen = open_generator(model_path)
+    gen.frames = check_frames(frames, gen.frames, str(gen.artifact.source))
     if gen.conditioning == "text":
         return sample_prompts(gen, out_dir, classes, prompts, num, steps, cfg_scale, seed, sampler, metrics,
                               overwrite, batch_size, device)
@@ -274,9 +282,14 @@ def sample_prompts(gen: Generator, out_dir: str | Path, classes: list[int] | Non
     rows = torch.arange(len(prompts)).repeat_interleave(num)
     seeds = [seed + i for i in range(len(rows))]
     images = sample_images(gen, (text[rows], mask[rows]), seeds, steps, cfg_scale, sampler, batch_size, device, null)
+    names = [f"{i:05d}_prompt-{row}_seed-{s}" for i, (row, s) in enumerate(zip(rows.tolist(), seeds))]
     with staged_output(out_dir, overwrite, [gen.artifact.source]) as stage:
-        for i, (image, row, s) in enumerate(zip(images, rows.tolist(), seeds)):
-            (stage / f"{i:05d}_prompt-{row}_seed-{s}.png").write_bytes(_png(to_pil(image)))
+        if gen.frames:
+            write_clips(stage, images, names, gen.spec.get("fps", "8"))
+            images = key_frames(images)
+        else:
+            for image, name in zip(images, names):
+                (stage / f"{name}.png").write_bytes(_png(to_pil(image)))
         (stage / "grid.png").write_bytes(_png(grid(images, len(prompts))))
         (stage / "prompts.json").write_text(json.dumps(prompts, indent=2, ensure_ascii=False) + "\n")
     return {}

@@ -4,7 +4,8 @@ The data (``data/image_sources.py``) decides the model's ``image_size``, ``in_ch
 architecture whose config meets the image-generator contract (``models/contracts.py``) trains, conditioned as its
 config declares. With ``data.text_encoder`` the captions are embedded once by a registry decoder
 (``text_encoder.py``), cached (``caption_cache.py``), and the model's ``text_dim`` comes from the encoder; a dropped
-caption becomes the empty caption's embedding, the null condition. Every random draw
+caption becomes the empty caption's embedding, the null condition. With ``data.source: video`` the samples are
+captioned clips [3, T, H, W] (``diffusion_video.py``), for a model whose config says it takes clips. Every random draw
 of a sample (its time, noise and whether its condition drops to the null one for classifier-free guidance) is keyed
 by (seed, the sample's position in the job's sample stream), so one process or several ranks, and a resumed run,
 draw the same. Validation adds the loss in time buckets (``loss/t0.00-0.25`` ...). EMA weights are on by default.
@@ -28,7 +29,7 @@ from longboat.config.base import ConfigError, StrictModel
 from longboat.data.image_sources import ImageSet, ImageSourceConfig, open_split
 from longboat.distributed.loss import LossFn, LossOutput
 from longboat.models.contracts import (GeneratorCondition, accepts_text, generator_condition,
-                                       require_image_generator)
+                                       require_image_generator, takes_clips)
 from longboat.models.generative import flow_matching as fm
 from longboat.models.generative.ddpm import NoiseScheduler
 from longboat.models.generative.keyed_random import keyed_normal, keyed_uniform, noise_key
@@ -36,11 +37,13 @@ from longboat.tasks.base import Task, TaskData, fill_from_data, register_task
 from longboat.tasks.caption_cache import Captioned, CaptionTable, caption_table, default_cache_dir
 from longboat.tasks.text_encoder import TextEncoder, TextEncoderConfig
 from longboat.tasks.diffusion_latents import LatentSamples, latent_spec, open_latent_split
+from longboat.tasks.diffusion_video import ClipSamples, ClipSettings, clip_spec, open_clip_split
 from longboat.utils.registry import Registry
 
 SPEC_FILE = "diffusion.json"
 SPEC_VERSION = 1
 _STATE_KEY = "asset/" + SPEC_FILE
+VIDEO = "video"  # data.source of captioned clips
 # Keyed streams of a sample's draws: one each, so adding a draw never changes another.
 _NOISE, _TIME, _DROP, _BUCKET = 0, 1, 2, 3
 _TIME_PARAMS = {name: set(inspect.signature(fn).parameters) - {"u"} for name, fn in fm.TIME_DISTRIBUTIONS.items()}
@@ -91,8 +94,10 @@ class DiffusionDataConfig(ImageSourceConfig):
     eval_buckets: int = Field(default=4, ge=0, description="validation loss in this many equal time buckets")
     text_encoder: TextEncoderConfig | None = Field(default=None, description="condition on captions embedded by "
                                                    "this decoder (None: on class labels)")
-    source: str = Field(default="", description="'digits', 'shapes', a folder of class subfolders, or a .jsonl / "
-                                                ".parquet file of rows; '' with data.latents")
+    source: str = Field(default="", description="'digits', 'shapes', a folder of class subfolders, a .jsonl / "
+                                                ".parquet file of rows, 'video' (data.video's clips); '' with "
+                                                "data.latents")
+    video: ClipSettings | None = Field(default=None, description="data.source: video reads these captioned clips")
     latents: str | None = Field(default=None, description="a latent cache directory (`longboat data encode`): train "
                                                           "on its latents instead of data.source's pixels")
 
@@ -100,6 +105,8 @@ class DiffusionDataConfig(ImageSourceConfig):
     def _one_source(self) -> DiffusionDataConfig:
         if bool(self.source) == bool(self.latents):
             raise ValueError("set one of data.source (pixels) and data.latents (a latent cache directory)")
+        if (self.source == VIDEO) != (self.video is not None):
+            raise ValueError("data.source: video reads the clips data.video names; set both or neither")
         return self
 
 
@@ -261,15 +268,30 @@ class DiffusionTask(Task):
 
     def images(self) -> tuple[ImageSet, ImageSet | None]:
         if self._split is None:
-            self._split = open_latent_split(self.data.latents, self.data.valid_fraction, self.data.split_seed) \
-                if self.data.latents else open_split(self.data)
+            if self.data.video:
+                self._split = open_clip_split(self.data.video, self.data.valid_fraction, self.data.split_seed)
+            else:
+                self._split = open_latent_split(self.data.latents, self.data.valid_fraction, self.data.split_seed) \
+                    if self.data.latents else open_split(self.data)
         return self._split
+
+    @property
+    def _where(self) -> str:
+        return self.data.latents or (self.data.video.path if self.data.video else self.data.source)
+
+    def _check_clips(self, config) -> None:
+        if self.data.video and not takes_clips(config):
+            name = (config if isinstance(config, type) else type(config)).__name__
+            raise ConfigError(f"data.source: video: model {name} takes images, not clips; pick a generator whose "
+                              "config declares takes_clips")
 
     def _shape(self) -> tuple[int, int]:
         """(channels, side) of what the model makes: the data's images, or the cache's latents."""
         if self.data.latents:
             latents = self.images()[0]
             return latents.channels, int(latents.mean.shape[-1])
+        if self.data.video:
+            return 3, self.data.video.size
         return self.data.channels, self.data.image_size
 
     def _classes(self) -> list[str]:
@@ -284,6 +306,7 @@ class DiffusionTask(Task):
     def check_architecture(self, config) -> None:
         """Refuse a config class that is no image generator, and note whether it can read text."""
         require_image_generator(config, "diffusion")
+        self._check_clips(config)
         self._reads_text = accepts_text(config)
         self._reads_classes = "num_classes" in getattr(config, "model_fields", {})
 
@@ -295,21 +318,29 @@ class DiffusionTask(Task):
                 raise ConfigError("data.text_encoder: the model's config declares no text_dim, it reads no text; "
                                   "drop data.text_encoder or pick a text-conditioned architecture")
             found["text_dim"] = self.text_encoder.hidden_size
+        elif self.data.video:
+            raise ConfigError(f"data.video: {self.data.video.path}: clips are captioned and train text-conditioned "
+                              "models; set data.text_encoder")
         elif self._reads_classes:
             found["num_classes"] = len(self._classes())
-        where = self.data.latents or self.data.source
+        where = self._where
         return fill_from_data(fields, found, where if self.text_encoder is None else f"{where} and data.text_encoder")
 
     def check(self, model_cfg) -> None:
         cfg = require_image_generator(model_cfg, "diffusion")
+        self._check_clips(cfg)
         channels, size = self._shape()
         if cfg.image_size != size or cfg.in_channels != channels:
-            what = "data.latents' latents" if self.data.latents else "(data.channels, data.image_size)"
+            what = "data.latents' latents" if self.data.latents else \
+                "(3, data.video.size)" if self.data.video else "(data.channels, data.image_size)"
             raise ConfigError(f"model: makes {cfg.in_channels}×{cfg.image_size}×{cfg.image_size} images, the data "
                               f"{channels}×{size}×{size} {what}")
         condition = generator_condition(cfg)
         encoder = self.text_encoder
         if condition.kind == "class":
+            if self.data.video:
+                raise ConfigError(f"data.video: {self.data.video.path}: clips are captioned; model "
+                                  f"{type(cfg).__name__} is class-conditional (set its text_dim)")
             if encoder is not None:
                 raise ConfigError(f"data.text_encoder: model {type(cfg).__name__} is class-conditional (text_dim "
                                   "unset), it reads no text; drop data.text_encoder or condition the model on text")
@@ -326,7 +357,7 @@ class DiffusionTask(Task):
             raise ConfigError(f"data.text_encoder: its hidden size is {encoder.hidden_size}, model.text_dim is "
                               f"{condition.text_dim}; they must match")
         if self.images()[0].captions is None:
-            where = f"data.latents: {self.data.latents}" if self.data.latents else f"data.source: {self.data.source}"
+            where = f"data.latents: {self.data.latents}" if self.data.latents else f"data.source: {self._where}"
             raise ConfigError(f"{where} has no captions (column '{self.data.caption_key}', data.caption_key); "
                               "data.text_encoder needs one per image")
 
@@ -334,7 +365,7 @@ class DiffusionTask(Task):
         """The caption table of every image, read from the cache or encoded once into it."""
         train, valid = self.images()
         captions = list(train.captions) + (list(valid.captions) if valid is not None else [])
-        cache_dir = self.data.text_encoder.cache_dir or default_cache_dir(self.data.latents or self.data.source)
+        cache_dir = self.data.text_encoder.cache_dir or default_cache_dir(self._where)
         return caption_table(self.text_encoder, captions, cache_dir)
 
     def build(self, model_cfg, train_cfg, seed: int, dp_size: int) -> TaskData:
@@ -356,7 +387,13 @@ class DiffusionTask(Task):
             summary["classes"] = len(train.classes)
         if train.malformed:
             summary["unreadable_images"] = len(train.malformed)
-        samples = LatentSamples if self.data.latents else ImageSamples
+        if self.data.latents:
+            samples = LatentSamples
+        elif self.data.video:
+            summary["frames"] = self.data.video.frames
+            samples = lambda clips, seed: ClipSamples(clips, seed, self.data.video.keep_decoded)  # noqa: E731
+        else:
+            samples = ImageSamples
         train_set, valid_set = samples(train, seed), samples(valid, seed) if valid is not None else None
         if table is not None:
             train_set = Captioned(train_set, train.captions, table)
@@ -373,7 +410,7 @@ class DiffusionTask(Task):
             objective["effective_shift"] = self.data.objective.effective_shift(model_cfg.image_size)
         condition = generator_condition(model_cfg)
         spec = {"format_version": SPEC_VERSION, "image_size": model_cfg.image_size, "channels": model_cfg.in_channels,
-                "conditioning": condition.kind, "source": self.data.source,
+                "conditioning": condition.kind, "source": self._where if self.data.video else self.data.source,
                 "valid_fraction": self.data.valid_fraction, "split_seed": self.data.split_seed, "objective": objective}
         if condition.kind == "class":
             spec.update(num_classes=model_cfg.num_classes, classes=self._classes())
@@ -386,6 +423,8 @@ class DiffusionTask(Task):
                         text_encoder_fingerprint=self.text_encoder.fingerprint())
         if self.data.latents:
             spec.update(latent_spec(self.images()[0]))
+        if self.data.video:
+            spec.update(clip_spec(self.data.video))
         return (json.dumps(spec, indent=2) + "\n").encode()
 
     def state_dict(self) -> dict[str, torch.Tensor]:

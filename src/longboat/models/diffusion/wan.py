@@ -15,6 +15,7 @@ an integer ``t`` is a timestep on that scale (Wan's flow-matching sampler hands 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,8 @@ from longboat.models.diffusion.dit import timestep_sinusoid, xavier_as_linear
 
 class WanConfig(StrictModel):
     """The defaults are Wan 2.1 T2V 1.3B's layout (12 heads of 128, 30 blocks, UMT5-XXL's 4096-wide text)."""
+
+    takes_clips: ClassVar[bool] = True  # the generator contract: it takes [B, C, F, H, W] clips as well as images
 
     image_size: int | None = Field(default=None, gt=0, description="the frame side a task trains it at (the network "
                                    "itself takes any side its patches divide); None: not fixed")
